@@ -1,0 +1,277 @@
+"""The one training configuration, shared by the CLI, the trainer and the REST service.
+
+Every default lives here. Unknown keys are errors (``extra="forbid"``), and every error names
+the dotted path of the offending field, e.g. ``optim.dense.lr: Input should be greater than 0``.
+
+A config is loaded from YAML (:func:`load_config`) and patched with dotted overrides
+(``--set optim.dense.lr=0.1``, values parsed as YAML scalars). The resolved config is stored
+with every run and checkpoint (:meth:`TrainConfig.to_dict`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+#: Criteo Kaggle (Display Advertising Challenge) cardinalities of C1..C26.
+CRITEO_KAGGLE_CARDINALITIES: tuple[int, ...] = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)  # fmt: skip
+NUM_DENSE = 13
+NUM_SPARSE = 26
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the field (dotted path)."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+PositiveInt = Annotated[int, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
+# ----------------------------------------------------------------------------------- data
+class SyntheticData(_Section):
+    """Planted-signal synthetic Criteo (see :mod:`dlrm_vrgd.data.synthetic`)."""
+
+    source: Literal["synthetic"] = "synthetic"
+    seed: int = 0
+    train_rows: PositiveInt = 4_000_000
+    val_rows: PositiveInt = 200_000
+    test_rows: PositiveInt = 200_000
+    num_dense: PositiveInt = NUM_DENSE
+    cardinalities: list[PositiveInt] = Field(
+        default_factory=lambda: [min(c, 100_000) for c in CRITEO_KAGGLE_CARDINALITIES],
+        min_length=1,
+    )
+    zipf_exponent: Annotated[float, Field(gt=0.0, le=3.0)] = 1.05
+    dense_missing_rate: Fraction = 0.2
+    click_rate: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.25
+    teacher_dim: PositiveInt = 4
+    teacher_rank: PositiveInt = 4
+    signal_scale: Annotated[float, Field(gt=0.0)] = 1.6
+    chunk_rows: PositiveInt = 8192
+
+
+class CriteoData(_Section):
+    """Preprocessed Criteo day files in torchrec's npy layout (``dlrm-vrgd preprocess``)."""
+
+    source: Literal["criteo"] = "criteo"
+    path: Path
+    train_days: list[int] | None = None
+    val_days: list[int] | None = None
+    test_days: list[int] | None = None
+    val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.5
+    max_val_rows: PositiveInt | None = 1_000_000
+    shuffle_block_rows: PositiveInt = 65_536
+    seed: int = 0
+
+
+DataConfig = Annotated[SyntheticData | CriteoData, Field(discriminator="source")]
+
+
+# ---------------------------------------------------------------------------------- model
+class ModelConfig(_Section):
+    arch: Literal["dlrm", "dlrm_dcn"] = "dlrm"
+    embedding_dim: PositiveInt = 16
+    dense_arch: list[PositiveInt] = Field(default_factory=lambda: [64, 16], min_length=1)
+    over_arch: list[PositiveInt] = Field(default_factory=lambda: [64, 32, 1], min_length=1)
+    dcn_num_layers: PositiveInt = 3
+    dcn_low_rank_dim: PositiveInt = 16
+    embedding_backend: Literal["fbgemm", "torch"] = "fbgemm"
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> ModelConfig:
+        if self.dense_arch[-1] != self.embedding_dim:
+            raise ValueError(
+                f"dense_arch must end with embedding_dim ({self.embedding_dim}), "
+                f"got {self.dense_arch}"
+            )
+        if self.over_arch[-1] != 1:
+            raise ValueError(f"over_arch must end with 1 (one logit), got {self.over_arch}")
+        return self
+
+
+# ---------------------------------------------------------------------------------- optim
+DenseOptimizerName = Literal["sgd", "adam", "adamw", "adagrad"]
+SparseOptimizerName = Literal["rowwise_adagrad", "sgd"]
+
+
+class DenseOptimConfig(_Section):
+    name: DenseOptimizerName = "adamw"
+    lr: Annotated[float, Field(gt=0.0)] = 1e-3
+    momentum: Fraction = 0.0
+    dampening: Fraction = 0.0
+    nesterov: bool = False
+    weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
+    betas: tuple[Fraction, Fraction] = (0.9, 0.999)
+    eps: Annotated[float, Field(gt=0.0)] = 1e-8
+
+    @model_validator(mode="after")
+    def _check_nesterov(self) -> DenseOptimConfig:
+        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
+            raise ValueError("nesterov needs momentum > 0 and dampening = 0")
+        return self
+
+
+class SparseOptimConfig(_Section):
+    name: SparseOptimizerName = "rowwise_adagrad"
+    lr: Annotated[float, Field(gt=0.0)] = 0.05
+    eps: Annotated[float, Field(gt=0.0)] = 1e-8
+    #: Rows replayed through the fused kernel per call (bounds transient memory).
+    replay_chunk_rows: PositiveInt = 65_536
+
+
+class ScheduleConfig(_Section):
+    """Linear warm-up, then a decay to ``min_lr_factor`` at the last step (DESIGN.md 4.4)."""
+
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    decay: Literal["none", "poly", "cosine"] = "none"
+    min_lr_factor: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    #: Scale both base LRs by the global batch relative to ``reference_batch``.
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    reference_batch: PositiveInt = 8192
+
+
+class OptimConfig(_Section):
+    dense: DenseOptimConfig = Field(default_factory=DenseOptimConfig)
+    sparse: SparseOptimConfig = Field(default_factory=SparseOptimConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+
+
+# ------------------------------------------------------------------------------------ run
+class RunConfig(_Section):
+    global_batch: PositiveInt = 8192
+    micro_batch: PositiveInt = 1024
+    #: Training length: ``steps`` or ``epochs`` (fractions allowed), not both; neither = 1 epoch.
+    steps: PositiveInt | None = None
+    epochs: Annotated[float, Field(gt=0.0)] | None = None
+    eval_every: Annotated[int, Field(ge=0)] = 100
+    eval_batch: PositiveInt = 16_384
+    #: Rows of the validation split used by periodic evals (None: all of it).
+    eval_rows: PositiveInt | None = None
+    checkpoint_every: Annotated[int, Field(ge=0)] = 0
+    keep_checkpoints: PositiveInt = 2
+    log_every: PositiveInt = 1
+    seed: int = 0
+    device: Literal["cpu", "cuda"] = "cpu"
+    threads: PositiveInt | None = None
+    nproc_per_node: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _check_batch(self) -> RunConfig:
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("set run.steps or run.epochs, not both")
+        per_rank, rem = divmod(self.global_batch, self.nproc_per_node)
+        if rem:
+            raise ValueError(
+                f"global_batch ({self.global_batch}) must be divisible by nproc_per_node "
+                f"({self.nproc_per_node})"
+            )
+        if per_rank % self.micro_batch:
+            raise ValueError(
+                f"global_batch / nproc_per_node ({per_rank}) must be a multiple of "
+                f"micro_batch ({self.micro_batch})"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node
+
+    @property
+    def accumulation_steps(self) -> int:
+        """A: micro-batches per rank per global step."""
+        return self.global_batch // (self.nproc_per_node * self.micro_batch)
+
+
+class TrainConfig(_Section):
+    """The whole job. ``G = world_size x A x B`` rows per optimizer step (DESIGN.md 2)."""
+
+    data: DataConfig = Field(default_factory=SyntheticData)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    def total_steps(self, train_rows: int) -> int:
+        if self.run.steps is not None:
+            return self.run.steps
+        epochs = 1.0 if self.run.epochs is None else self.run.epochs
+        return max(1, math.ceil(epochs * train_rows / self.run.global_batch))
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# ------------------------------------------------------------------------------- loading
+def format_validation_error(err: ValidationError, source: str = "config") -> str:
+    lines = [f"invalid {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not _is_union_tag(p))
+        lines.append(f"  {loc or '<root>'}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def _is_union_tag(part: Any) -> bool:
+    # pydantic puts the discriminator value ("synthetic") into the error path; drop it.
+    return part in ("synthetic", "criteo")
+
+
+def parse_config(raw: dict[str, Any], source: str = "config") -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides; values are YAML scalars or flow collections."""
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. optim.dense.lr=0.1")
+        try:
+            value = yaml.safe_load(text) if text != "" else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {key}: cannot parse value {text!r}: {err}") from None
+        node = raw
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {key}: {part} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return raw
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML config (or the defaults when ``path`` is None) and apply overrides."""
+    raw: dict[str, Any] = {}
+    source = "config"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}{where}: not valid YAML: {err}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        raw = loaded
+    raw = apply_overrides(raw, overrides or [])
+    return parse_config(raw, source)

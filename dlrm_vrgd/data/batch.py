@@ -1,0 +1,131 @@
+"""Batches for the model and the mapping from (step, group) to training rows.
+
+The training stream (DESIGN.md 2) is an endless run of epochs over the train split; epoch ``e``
+visits the split's blocks in a permutation seeded by ``(seed, e)``. Global step ``s`` consumes
+stream positions ``[s·G, (s+1)·G)``; its group ``g = rank·A + j`` (micro-batch ``j`` of rank
+``rank``) is the ``B`` rows starting at ``s·G + g·B``. Steps may straddle an epoch boundary: no
+row is dropped, and where a step wraps, its rows come from two epochs. Every rank computes its
+own rows from ``(step, group)`` alone, so data never overlaps between ranks, and a resumed run
+reads exactly the rows the uninterrupted run would have read.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrm_vrgd.data.rows import Rows, RowSource
+
+
+def feature_names(num_tables: int) -> list[str]:
+    return [f"cat_{i}" for i in range(num_tables)]
+
+
+@dataclass
+class Batch:
+    """``dense`` B x F float32, ``sparse`` B x T int64 (one id per table), ``labels`` B float32,
+    ``probs`` B float32 true click probabilities when the data is synthetic."""
+
+    dense: torch.Tensor
+    sparse: torch.Tensor
+    labels: torch.Tensor
+    probs: torch.Tensor | None = None
+
+    @staticmethod
+    def from_rows(rows: Rows) -> Batch:
+        return Batch(
+            dense=torch.from_numpy(np.ascontiguousarray(rows.dense, dtype=np.float32)),
+            sparse=torch.from_numpy(np.ascontiguousarray(rows.sparse, dtype=np.int64)),
+            labels=torch.from_numpy(np.ascontiguousarray(rows.labels, dtype=np.float32)),
+            probs=None if rows.probs is None else torch.from_numpy(rows.probs),
+        )
+
+    def __len__(self) -> int:
+        return self.labels.numel()
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(
+            self.dense.to(device),
+            self.sparse.to(device),
+            self.labels.to(device),
+            None if self.probs is None else self.probs.to(device),
+        )
+
+    def kjt(self, keys: list[str]) -> KeyedJaggedTensor:
+        """The categorical ids as a KeyedJaggedTensor ``[T x B x 1]`` (one id per bag)."""
+        n, t = self.sparse.shape
+        return KeyedJaggedTensor(
+            keys=keys,
+            values=self.sparse.t().reshape(-1),
+            offsets=torch.arange(n * t + 1, dtype=torch.int64, device=self.sparse.device),
+            stride=n,
+        )
+
+
+class TrainStream:
+    """Training rows by (step, group); see the module docstring."""
+
+    def __init__(self, source: RowSource, global_batch: int, micro_batch: int, seed: int) -> None:
+        if source.num_rows < global_batch:
+            raise ValueError(
+                f"the train split has {source.num_rows} rows, fewer than one global batch "
+                f"({global_batch}); use more rows or a smaller run.global_batch"
+            )
+        self.source = source
+        self.global_batch = global_batch
+        self.micro_batch = micro_batch
+        self.seed = seed
+        n, c = source.num_rows, source.block_rows
+        self._num_blocks = -(-n // c)
+        self._sizes = np.full(self._num_blocks, c, dtype=np.int64)
+        self._sizes[-1] = n - c * (self._num_blocks - 1)
+        self._orders: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    def epoch(self, step: int) -> float:
+        """Epochs completed before ``step`` (fractional)."""
+        return step * self.global_batch / self.source.num_rows
+
+    def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        if epoch not in self._orders:
+            perm = np.random.default_rng([self.seed, 0x5EED, epoch]).permutation(self._num_blocks)
+            starts = np.concatenate([[0], np.cumsum(self._sizes[perm])[:-1]])
+            self._orders[epoch] = (perm, starts)
+            if len(self._orders) > 2:
+                self._orders.popitem(last=False)
+        return self._orders[epoch]
+
+    def _segments(self, start: int, stop: int) -> Iterator[tuple[int, int]]:
+        """Source row ranges covering stream positions ``[start, stop)``."""
+        n, c = self.source.num_rows, self.source.block_rows
+        pos = start
+        while pos < stop:
+            epoch, offset = divmod(pos, n)
+            perm, starts = self._order(epoch)
+            i = int(np.searchsorted(starts, offset, side="right")) - 1
+            block = int(perm[i])
+            within = offset - int(starts[i])
+            take = min(int(self._sizes[block]) - within, stop - pos)
+            yield block * c + within, block * c + within + take
+            pos += take
+
+    def rows(self, step: int, group: int) -> Rows:
+        """The ``B`` rows of group ``group`` of global step ``step``."""
+        start = step * self.global_batch + group * self.micro_batch
+        if not 0 <= group * self.micro_batch < self.global_batch:
+            raise IndexError(f"group {group} outside a global batch of {self.global_batch}")
+        parts = [self.source.read(a, b) for a, b in self._segments(start, start + self.micro_batch)]
+        return Rows.concat(parts)
+
+
+def iter_eval_batches(
+    source: RowSource, batch_rows: int, limit: int | None = None
+) -> Iterator[Batch]:
+    """The first ``limit`` rows of ``source`` (all when None) in batches of ``batch_rows``."""
+    stop = source.num_rows if limit is None else min(limit, source.num_rows)
+    for start in range(0, stop, batch_rows):
+        yield Batch.from_rows(source.read(start, min(start + batch_rows, stop)))

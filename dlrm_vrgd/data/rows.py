@@ -1,0 +1,54 @@
+"""Rows: a block of Criteo-layout examples as numpy arrays (the unit every data source yields)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Rows:
+    """``N`` examples: ``dense`` N x F float32 (already transformed), ``sparse`` N x T int64
+    ids, ``labels`` N float32 in {0, 1}, ``probs`` N float32 true click probabilities (synthetic
+    data only)."""
+
+    dense: np.ndarray
+    sparse: np.ndarray
+    labels: np.ndarray
+    probs: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def slice(self, start: int, stop: int) -> Rows:
+        return Rows(
+            dense=self.dense[start:stop],
+            sparse=self.sparse[start:stop],
+            labels=self.labels[start:stop],
+            probs=None if self.probs is None else self.probs[start:stop],
+        )
+
+    @staticmethod
+    def concat(parts: list[Rows]) -> Rows:
+        if len(parts) == 1:
+            return parts[0]
+        has_probs = all(p.probs is not None for p in parts)
+        return Rows(
+            dense=np.concatenate([p.dense for p in parts]),
+            sparse=np.concatenate([p.sparse for p in parts]),
+            labels=np.concatenate([p.labels for p in parts]),
+            probs=np.concatenate([p.probs for p in parts]) if has_probs else None,  # type: ignore[misc]
+        )
+
+
+class RowSource(Protocol):
+    """Random access to one split. ``block_rows`` is the natural read/shuffle granularity."""
+
+    num_rows: int
+    block_rows: int
+    cardinalities: list[int]
+    num_dense: int
+
+    def read(self, start: int, stop: int) -> Rows: ...

@@ -1,0 +1,1 @@
+"""Embedding tables whose updates are deferred to one step per global batch."""

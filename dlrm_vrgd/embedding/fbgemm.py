@@ -1,0 +1,193 @@
+"""Embedding tables on FBGEMM's table-batched-embedding (TBE) kernels, updated once per global step.
+
+:class:`FbgemmEmbeddingBagCollection` is a drop-in for torchrec's ``EmbeddingBagCollection``
+(``forward(KeyedJaggedTensor) -> KeyedTensor``, ``embedding_bag_configs()``) backed by one
+``SplitTableBatchedEmbeddingBagsCodegen`` with a fused optimizer (EXACT_ROWWISE_ADAGRAD or
+EXACT_SGD). Its lookups are captured (:class:`~dlrm_vrgd.embedding.capture.LookupCapture`) so
+that ``A`` micro-batches make one optimizer step, not ``A``: the row gradients are accumulated
+by the sparse optimizer and applied by :func:`replay_rows`, which runs the TBE forward and
+backward once more on the touched rows only — one row per bag, output gradient = the row
+gradient — so that FBGEMM's fused kernel performs the update itself.
+
+Because every row appears exactly once in the replay, EXACT_ROWWISE_ADAGRAD and EXACT_SGD
+produce exactly the update they would have made on the whole global batch at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice,
+    EmbeddingLocation,
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
+from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from dlrm_vrgd.embedding.capture import LookupCapture, Pooling
+
+FUSED_OPTIMIZERS: dict[str, EmbOptimType] = {
+    "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+    "sgd": EmbOptimType.EXACT_SGD,
+}
+
+
+def replay_rows(
+    tbe: SplitTableBatchedEmbeddingBagsCodegen,
+    capture: LookupCapture,
+    rows: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    lr: float,
+    chunk_rows: int = 65_536,
+) -> None:
+    """Apply ``grads[t]`` (U_t x D_t) to rows ``rows[t]`` (U_t, unique) of every table through
+    the TBE's fused optimizer at learning rate ``lr``.
+
+    Each table's rows go through the first feature that maps to it, one row per bag; the other
+    features get empty bags. Calls carry at most ``chunk_rows`` bags, so transient memory is
+    ``chunk_rows x ΣD`` whatever the number of touched rows.
+    """
+    feature_table = capture.feature_table
+    num_features = len(feature_table)
+    first_feature = {t: feature_table.index(t) for t in set(feature_table)}
+    col = [0]
+    for t in feature_table:
+        col.append(col[-1] + capture.table_dims[t])
+    most = max((r.numel() for r in rows), default=0)
+    if most == 0:
+        return
+    tbe.set_learning_rate(lr)
+    device = rows[0].device
+    bags = min(chunk_rows, most)
+    for start in range(0, most, bags):
+        lengths = torch.zeros(num_features, bags, dtype=torch.int64, device=device)
+        per_feature: list[torch.Tensor | None] = [None] * num_features
+        grad_out = torch.zeros(bags, col[-1], dtype=torch.float32, device=device)
+        for t, f in first_feature.items():
+            part = rows[t][start : start + bags]
+            if part.numel() == 0:
+                continue
+            n = part.numel()
+            lengths[f, :n] = 1
+            per_feature[f] = part
+            grad_out[:n, col[f] : col[f + 1]] = grads[t][start : start + n]
+        indices = torch.cat([p for p in per_feature if p is not None])
+        offsets = torch.zeros(num_features * bags + 1, dtype=torch.int64, device=device)
+        torch.cumsum(lengths.view(-1), 0, out=offsets[1:])
+        weights = torch.ones(indices.numel(), device=device) if capture.weighted else None
+        with capture.paused():
+            out = tbe(indices, offsets, per_sample_weights=weights)
+            out.backward(grad_out)
+
+
+class FbgemmEmbeddingBagCollection(nn.Module):
+    """A torchrec-compatible embedding-bag collection on one FBGEMM TBE (see module doc).
+
+    Args:
+        tables: torchrec table configs; all features of the input KJT, in this order.
+        optimizer: ``"rowwise_adagrad"`` (EXACT_ROWWISE_ADAGRAD) or ``"sgd"`` (EXACT_SGD).
+        lr, eps: fused optimizer hyper-parameters (the LR is reset at every step).
+        is_weighted: whether the input KJT carries per-id weights.
+        device: ``cpu`` or ``cuda``.
+    """
+
+    def __init__(
+        self,
+        tables: list[EmbeddingBagConfig],
+        optimizer: str = "rowwise_adagrad",
+        lr: float = 0.01,
+        eps: float = 1e-8,
+        is_weighted: bool = False,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        if not tables:
+            raise ValueError("at least one embedding table is required")
+        if optimizer not in FUSED_OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(FUSED_OPTIMIZERS)}: {optimizer!r}")
+        poolings = {t.pooling for t in tables}
+        if len(poolings) != 1 or not poolings <= {PoolingType.SUM, PoolingType.MEAN}:
+            raise ValueError("all tables must share SUM or MEAN pooling")
+        pooling: Pooling = "sum" if tables[0].pooling == PoolingType.SUM else "mean"
+        device = torch.device(device)
+        self._configs = list(tables)
+        self._is_weighted = is_weighted
+        self.optimizer_name = optimizer
+        self.feature_names = [f for t in tables for f in t.feature_names]
+        feature_table = [i for i, t in enumerate(tables) for _ in t.feature_names]
+        on_gpu = device.type == "cuda"
+        self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            [
+                (
+                    t.num_embeddings,
+                    t.embedding_dim,
+                    EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST,
+                    ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU,
+                )
+                for t in tables
+            ],
+            feature_table_map=feature_table,
+            optimizer=FUSED_OPTIMIZERS[optimizer],
+            learning_rate=lr,
+            eps=eps,
+            pooling_mode=PoolingMode.SUM if pooling == "sum" else PoolingMode.MEAN,
+            device=device,
+        )
+        with torch.no_grad():
+            for t, w in zip(tables, self.tbe.split_embedding_weights(), strict=True):
+                bound = math.sqrt(1.0 / t.num_embeddings)
+                w.uniform_(-bound, bound)
+        self.capture = LookupCapture(
+            self.tbe,
+            feature_table,
+            [t.embedding_dim for t in tables],
+            pooling,
+            weighted=is_weighted,
+        )
+        self._length_per_key = [t.embedding_dim for t in tables for _ in t.feature_names]
+
+    # -- torchrec EmbeddingBagCollection interface --------------------------------------
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        return self._configs
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """``features``: KJT ``[F x B x L]`` → KeyedTensor ``B x ΣD`` (pooled per feature)."""
+        if features.keys() != self.feature_names:
+            features = features.permute([features.keys().index(k) for k in self.feature_names])
+        weights = features.weights() if self._is_weighted else None
+        pooled = self.tbe(features.values(), features.offsets(), per_sample_weights=weights)
+        return KeyedTensor(
+            keys=self.feature_names, length_per_key=self._length_per_key, values=pooled
+        )
+
+    # -- row-wise optimizer interface (used by SparseRowwiseOptimizer) -----------------
+    @property
+    def table_names(self) -> list[str]:
+        return [t.name for t in self._configs]
+
+    @property
+    def table_rows(self) -> list[int]:
+        return [t.num_embeddings for t in self._configs]
+
+    def apply_rows(
+        self, rows: list[torch.Tensor], grads: list[torch.Tensor], lr: float, chunk_rows: int
+    ) -> None:
+        replay_rows(self.tbe, self.capture, rows, grads, lr, chunk_rows)
+
+    def table_weights(self) -> list[torch.Tensor]:
+        """Views of the weights, one ``rows x dim`` tensor per table."""
+        return list(self.tbe.split_embedding_weights())
+
+    def row_states(self) -> list[torch.Tensor]:
+        """The row-wise Adagrad sum of squares per table (empty tensors for SGD)."""
+        if self.optimizer_name != "rowwise_adagrad":
+            return [torch.zeros(0) for _ in self._configs]
+        return [s[0] for s in self.tbe.split_optimizer_states()]

@@ -1,0 +1,114 @@
+"""Dense optimizers under the group protocol (DESIGN.md 4.2).
+
+The trainer treats every dense optimizer alike: ``collect()`` after the backward of each group
+(micro-batch, whose loss is the mean over its own ``B`` rows), then one ``step()`` per global
+batch. :class:`GroupAveraged` gives a stock ``torch.optim`` optimizer that protocol: ``.grad``
+accumulates over the ``k`` local groups, and ``step()`` averages it over all groups of all
+ranks (one all-reduce of the flattened gradients per step) before the inner step, so the update
+is exactly the one the base optimizer would make on the whole global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dlrm_vrgd.config import DenseOptimConfig
+
+
+class GroupAveraged:
+    """Wraps ``optimizer`` (any ``torch.optim.Optimizer``) for the group protocol."""
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, process_group: dist.ProcessGroup | None = None
+    ) -> None:
+        self.optimizer = optimizer
+        self.process_group = process_group
+        self.k = 0
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def _params(self) -> list[nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def collect(self) -> None:
+        """Count one more group; its gradient stays summed into ``p.grad``."""
+        self.k += 1
+
+    @torch.no_grad()
+    def step(self) -> None:
+        if self.k == 0:
+            raise RuntimeError("step() called before any collect()")
+        params = self._params()
+        k_total = self.k
+        if self.process_group is not None:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            grads = [p.grad for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=self.process_group)
+            offset = 0
+            for g in grads:
+                n = g.numel()
+                g.copy_(flat[offset : offset + n].view_as(g))
+                offset += n
+            k_total *= dist.get_world_size(self.process_group)
+        for p in params:
+            if p.grad is not None:
+                p.grad.div_(k_total)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.k = 0
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.k = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+    def gsnr_summary(self) -> list[dict[str, Any]]:
+        return []
+
+
+def build_dense_optimizer(
+    cfg: DenseOptimConfig,
+    params: Iterable[nn.Parameter],
+    process_group: dist.ProcessGroup | None = None,
+) -> GroupAveraged:
+    """The dense optimizer named by ``cfg`` with the group protocol."""
+    params = list(params)
+    if cfg.name == "sgd":
+        inner: torch.optim.Optimizer = torch.optim.SGD(
+            params,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            dampening=cfg.dampening,
+            nesterov=cfg.nesterov,
+            weight_decay=cfg.weight_decay,
+        )
+    elif cfg.name == "adam":
+        inner = torch.optim.Adam(
+            params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
+    elif cfg.name == "adamw":
+        inner = torch.optim.AdamW(
+            params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
+    elif cfg.name == "adagrad":
+        inner = torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    else:  # pragma: no cover - the config's Literal rules this out
+        raise ValueError(f"unknown dense optimizer {cfg.name!r}")
+    for group in inner.param_groups:
+        group.setdefault("initial_lr", group["lr"])
+    return GroupAveraged(inner, process_group)

@@ -1,0 +1,121 @@
+"""Atomic, verified checkpoints.
+
+A checkpoint is a directory ``checkpoints/step_XXXXXXXX/`` holding one ``rank{r}.pt`` per rank
+and a ``manifest.json`` (step, world size, config, and the size and SHA-256 of every file).
+It is assembled under a temporary name and renamed into place only when complete, so a
+checkpoint directory either exists whole or not at all; loading re-checks sizes and hashes, so
+a file truncated or altered afterwards is reported (:class:`CheckpointError`), never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlrm_vrgd.train.rundir import CHECKPOINTS, atomic_write_bytes, atomic_write_json
+
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, incomplete or corrupt."""
+
+
+def _name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def staging_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f".staging_{_name(step)}"
+
+
+def write_rank_state(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> None:
+    """Write one rank's state into the staging directory of ``step``."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write_bytes(staging_dir(run_dir, step) / f"rank{rank}.pt", buf.getvalue())
+
+
+def publish(run_dir: Path, step: int, world_size: int, config: dict[str, Any], keep: int) -> Path:
+    """Seal the staging directory of ``step`` (all ranks written) and rename it into place.
+
+    Older checkpoints beyond the newest ``keep`` are removed afterwards.
+    """
+    stage = staging_dir(run_dir, step)
+    files = {}
+    for r in range(world_size):
+        path = stage / f"rank{r}.pt"
+        if not path.exists():
+            raise CheckpointError(f"{path}: rank {r} did not write its state")
+        files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    atomic_write_json(
+        stage / MANIFEST,
+        {"step": step, "world_size": world_size, "files": files, "config": config},
+    )
+    final = Path(run_dir) / CHECKPOINTS / _name(step)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(stage, final)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Published checkpoint directories, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith("step_") and p.is_dir())
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def read_manifest(ckpt: Path) -> dict[str, Any]:
+    path = Path(ckpt) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing (incomplete checkpoint)") from None
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path}: corrupt manifest: {err}") from None
+    return manifest
+
+
+def load_rank_state(ckpt: Path, rank: int, map_location: str | torch.device = "cpu") -> dict:
+    """Verify and load one rank's state of checkpoint directory ``ckpt``."""
+    ckpt = Path(ckpt)
+    manifest = read_manifest(ckpt)
+    name = f"rank{rank}.pt"
+    meta = manifest["files"].get(name)
+    path = ckpt / name
+    if meta is None:
+        raise CheckpointError(
+            f"{ckpt}: written by {manifest['world_size']} rank(s), has no state for rank {rank}"
+        )
+    if not path.exists():
+        raise CheckpointError(f"{path}: missing")
+    size = path.stat().st_size
+    if size != meta["bytes"]:
+        raise CheckpointError(f"{path}: {size} bytes, manifest says {meta['bytes']} (truncated?)")
+    if _sha256(path) != meta["sha256"]:
+        raise CheckpointError(f"{path}: checksum mismatch (corrupt)")
+    return torch.load(path, map_location=map_location, weights_only=False)

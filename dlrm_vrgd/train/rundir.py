@@ -1,0 +1,104 @@
+"""The run directory (DESIGN.md 5): what a run writes, written so no reader sees a torn file.
+
+```
+OUT/
+  config.json      the resolved TrainConfig (atomic)
+  metrics.jsonl    one JSON object per line: step records and eval records (append-only)
+  gsnr.jsonl       per-step GSNR summaries per tensor / table (append-only)
+  checkpoints/     step_XXXXXXXX/ directories, each complete or absent (see checkpoint.py)
+  result.json      final metrics, config, versions, timings (atomic; present = run finished)
+```
+
+Append-only files are written one whole line per ``write(2)`` call; readers must ignore a last
+line without its newline (:func:`read_jsonl` does).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+GSNR = "gsnr.jsonl"
+RESULT = "result.json"
+CHECKPOINTS = "checkpoints"
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/Inf: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(_clean(obj), allow_nan=False, separators=(",", ":"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory + rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(_clean(obj), indent=2, allow_nan=False) + "\n").encode())
+
+
+class JsonlWriter:
+    """Append-only JSON-lines file; each record is one ``write(2)`` of one whole line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, record: dict[str, Any]) -> None:
+        os.write(self._fd, (dumps(record) + "\n").encode())
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_jsonl(path: Path, start: int = 0) -> list[dict[str, Any]]:
+    """Complete records of a JSON-lines file from byte ``start`` (a torn last line is skipped)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with path.open("rb") as f:
+        f.seek(start)
+        data = f.read()
+    end = data.rfind(b"\n")
+    if end < 0:
+        return []
+    return [json.loads(line) for line in data[: end + 1].splitlines() if line.strip()]
+
+
+def truncate_jsonl_after(path: Path, step: int) -> None:
+    """Keep only records with ``step <= step`` (used when a run resumes from a checkpoint)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= step]
+    atomic_write_bytes(path, "".join(dumps(r) + "\n" for r in kept).encode())
