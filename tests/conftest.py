@@ -1,0 +1,56 @@
+"""Shared fixtures: tiny configs that train in seconds on 2 CPU cores."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from dlrm_vrgd.config import TrainConfig, apply_overrides, parse_config
+
+# Tests use a fixed, small thread count so results do not depend on the machine.
+torch.set_num_threads(int(os.environ.get("DLRM_VRGD_TEST_THREADS", "2")))
+logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+
+TINY_CARDINALITIES = [40, 25, 60, 8, 100, 3]
+
+
+def tiny_config_dict(**sections: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "data": {
+            "source": "synthetic",
+            "seed": 1,
+            "train_rows": 4096,
+            "val_rows": 1024,
+            "test_rows": 1024,
+            "cardinalities": TINY_CARDINALITIES,
+            "chunk_rows": 512,
+        },
+        "model": {"embedding_dim": 8, "dense_arch": [16, 8], "over_arch": [16, 1]},
+        "optim": {
+            "dense": {"name": "adamw", "lr": 0.01},
+            "sparse": {"name": "rowwise_adagrad", "lr": 0.1},
+        },
+        "run": {
+            "global_batch": 256,
+            "micro_batch": 64,
+            "steps": 4,
+            "eval_every": 0,
+            "eval_batch": 512,
+        },
+    }
+    for key, value in sections.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return raw
+
+
+def tiny_config(*overrides: str, **sections: Any) -> TrainConfig:
+    return parse_config(apply_overrides(tiny_config_dict(**sections), list(overrides)))
+
+
+@pytest.fixture
+def tiny() -> TrainConfig:
+    return tiny_config()

@@ -1,0 +1,142 @@
+"""Deferred FBGEMM updates: A micro-batches + one replayed step == FBGEMM's fused update on the
+whole global batch (weights and optimizer state)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+
+from dlrm_vrgd.embedding.fbgemm import FbgemmEmbeddingBagCollection
+from dlrm_vrgd.optim.sparse import SparseRowwiseOptimizer
+
+from .helpers import random_bags
+
+
+def tables(pooling: PoolingType = PoolingType.SUM) -> list[EmbeddingBagConfig]:
+    spec = [("t0", 40, 4, ["f0", "f3"]), ("t1", 25, 8, ["f1"]), ("t2", 6, 4, ["f2"])]
+    return [
+        EmbeddingBagConfig(
+            name=n, num_embeddings=r, embedding_dim=d, feature_names=fs, pooling=pooling
+        )
+        for n, r, d, fs in spec
+    ]
+
+
+ROWS_PER_FEATURE = [40, 25, 6, 40]  # f0, f1, f2, f3 (f3 shares t0)
+
+
+def make(optimizer: str, pooling: PoolingType, weighted: bool) -> FbgemmEmbeddingBagCollection:
+    torch.manual_seed(0)
+    return FbgemmEmbeddingBagCollection(tables(pooling), optimizer, lr=0.3, is_weighted=weighted)
+
+
+def run_deferred(ebc, bags, upstream, micro, chunk_rows=65_536, steps=1):
+    opt = SparseRowwiseOptimizer([ebc], lr=0.3, chunk_rows=chunk_rows)
+    for _ in range(steps):
+        for lo in range(0, bags.batch, micro):
+            out = ebc(bags.kjt(lo, lo + micro)).values()
+            (out * upstream[lo : lo + micro]).sum().div(micro).backward()
+            opt.collect()
+        opt.step()
+    return opt
+
+
+def run_fused(ebc, bags, upstream, steps=1):
+    """FBGEMM's own fused optimizer inside the backward of the whole global batch."""
+    ebc.capture.remove()
+    for _ in range(steps):
+        out = ebc(bags.kjt()).values()
+        (out * upstream).sum().div(bags.batch).backward()
+
+
+@pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "sgd"])
+@pytest.mark.parametrize(
+    "pooling,weighted",
+    [(PoolingType.SUM, False), (PoolingType.SUM, True), (PoolingType.MEAN, False)],
+)
+def test_accumulated_step_equals_fused_whole_batch(optimizer, pooling, weighted) -> None:
+    bags = random_bags(ROWS_PER_FEATURE, batch=48, weighted=weighted, seed=7)
+    upstream = torch.randn(48, 20, generator=torch.Generator().manual_seed(2))
+    ours, ref = make(optimizer, pooling, weighted), make(optimizer, pooling, weighted)
+    before = [w.clone() for w in ours.table_weights()]
+    run_deferred(ours, bags, upstream, micro=12, steps=3)
+    run_fused(ref, bags, upstream, steps=3)
+    for a, b, w0 in zip(ours.table_weights(), ref.table_weights(), before, strict=True):
+        torch.testing.assert_close(a, b)
+        assert not torch.equal(a, w0)  # something was trained
+    for a, b in zip(ours.row_states(), ref.row_states(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_untouched_rows_and_their_state_are_unchanged() -> None:
+    bags = random_bags(ROWS_PER_FEATURE, batch=8, max_len=1, seed=1)
+    ebc = make("rowwise_adagrad", PoolingType.SUM, False)
+    before = [w.clone() for w in ebc.table_weights()]
+    run_deferred(ebc, bags, torch.randn(8, 20), micro=4)
+    touched = [set(), set(), set()]
+    for f, t in enumerate([0, 1, 2, 0]):
+        for ids in bags.ids[f]:
+            touched[t].update(ids.tolist())
+    for t, (w, w0, s) in enumerate(zip(ebc.table_weights(), before, ebc.row_states(), strict=True)):
+        untouched = [r for r in range(w.shape[0]) if r not in touched[t]]
+        assert untouched, "the test needs untouched rows"
+        torch.testing.assert_close(w[untouched], w0[untouched], rtol=0, atol=0)
+        assert torch.all(s[untouched] == 0)
+        assert torch.all(s[sorted(touched[t])] > 0)
+
+
+def test_chunked_replay_equals_single_call() -> None:
+    bags = random_bags(ROWS_PER_FEATURE, batch=32, seed=4)
+    upstream = torch.randn(32, 20)
+    a = make("rowwise_adagrad", PoolingType.SUM, False)
+    b = make("rowwise_adagrad", PoolingType.SUM, False)
+    run_deferred(a, bags, upstream, micro=8, chunk_rows=3)
+    run_deferred(b, bags, upstream, micro=8)
+    for x, y in zip(a.table_weights(), b.table_weights(), strict=True):
+        torch.testing.assert_close(x, y)
+
+
+def test_forward_is_the_pooled_lookup() -> None:
+    ebc = make("sgd", PoolingType.SUM, weighted=True)
+    bags = random_bags(ROWS_PER_FEATURE, batch=5, weighted=True, seed=2)
+    out = ebc(bags.kjt())
+    weights = ebc.table_weights()
+    for f, t in enumerate([0, 1, 2, 0]):
+        ids = bags.ids[f]
+        offsets = torch.tensor([0] + [len(i) for i in ids]).cumsum(0)[:-1]
+        ref = F.embedding_bag(
+            torch.cat(ids),
+            weights[t],
+            offsets,
+            mode="sum",
+            per_sample_weights=torch.cat(bags.weights[f]),
+        )
+        torch.testing.assert_close(out[f"f{f}"], ref)
+
+
+def test_eval_mode_and_no_grad_do_not_capture() -> None:
+    ebc = make("sgd", PoolingType.SUM, False)
+    kjt = random_bags(ROWS_PER_FEATURE, batch=4, seed=0).kjt()
+    with torch.no_grad():
+        ebc(kjt)
+    ebc.eval()
+    ebc(kjt)
+    assert ebc.capture.pending == 0
+    ebc.train()
+    out = ebc(kjt).values()
+    assert out.requires_grad and out.is_leaf and ebc.capture.pending == 1
+
+
+def test_model_state_dict_carries_weights_and_adagrad_state() -> None:
+    a = make("rowwise_adagrad", PoolingType.SUM, False)
+    run_deferred(a, random_bags(ROWS_PER_FEATURE, batch=8, seed=3), torch.randn(8, 20), micro=8)
+    b = make("rowwise_adagrad", PoolingType.SUM, False)
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    for x, y in zip(a.row_states(), b.row_states(), strict=True):
+        torch.testing.assert_close(x, y)
+    for x, y in zip(a.table_weights(), b.table_weights(), strict=True):
+        torch.testing.assert_close(x, y)

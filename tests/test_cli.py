@@ -1,0 +1,113 @@
+"""The CLI as a user runs it: real processes, real files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from dlrm_vrgd.train.rundir import read_jsonl
+
+from .conftest import tiny_config_dict
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dlrm_vrgd.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
+
+
+def write_config(tmp_path: Path, **sections) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_config_dict(**sections)))
+    return path
+
+
+def test_train_writes_the_run_directory(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    out = tmp_path / "run"
+    proc = cli(
+        "train",
+        "--config",
+        str(cfg),
+        "--out",
+        str(out),
+        "--set",
+        "run.eval_every=2",
+        "--set",
+        "run.checkpoint_every=2",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "oracle AUC" in proc.stdout and "test AUC" in proc.stdout
+    assert "step" in proc.stderr  # the live progress line
+    assert json.loads((out / "config.json").read_text())["run"]["eval_every"] == 2
+    records = read_jsonl(out / "metrics.jsonl")
+    train_records = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train_records] == [1, 2, 3, 4]
+    assert all({"loss", "lr_dense", "rows_per_s", "samples"} <= set(r) for r in train_records)
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [(r["split"], r["step"]) for r in evals] == [("val", 2), ("val", 4), ("test", 4)]
+    assert all(0.5 < r["oracle_auc"] <= 1 for r in evals)
+    gsnr = read_jsonl(out / "gsnr.jsonl")
+    assert gsnr[0]["tables"][0]["touched_rows"] > 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["steps"] == 4 and result["samples"] == 1024
+    assert result["versions"]["torch"].startswith("2.")
+    assert (out / "checkpoints" / "step_00000004" / "manifest.json").exists()
+
+
+def test_bad_config_key_names_it_and_writes_nothing(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    out = tmp_path / "run"
+    proc = cli("train", "--config", str(cfg), "--out", str(out), "--set", "optim.dense.lrr=1")
+    assert proc.returncode == 2
+    assert "optim.dense.lrr" in proc.stderr
+    assert not out.exists()
+
+
+def test_bad_config_type_names_it(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    proc = cli(
+        "train", "--config", str(cfg), "--out", str(tmp_path / "r"), "--set", "run.micro_batch=many"
+    )
+    assert proc.returncode == 2 and "run.micro_batch" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_unusable_data_size_writes_nothing(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    out = tmp_path / "run"
+    proc = cli("train", "--config", str(cfg), "--out", str(out), "--set", "data.train_rows=100")
+    assert proc.returncode == 2 and "fewer than one global batch" in proc.stderr
+    assert not out.exists()
+
+
+def test_generate_writes_npy_splits(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    proc = cli("generate", "--config", str(cfg), "--split", "val", "--out", str(tmp_path / "d"))
+    assert proc.returncode == 0, proc.stderr
+    dense = np.load(tmp_path / "d" / "val_dense.npy")
+    sparse = np.load(tmp_path / "d" / "val_sparse.npy")
+    labels = np.load(tmp_path / "d" / "val_labels.npy")
+    assert dense.shape == (1024, 13) and sparse.shape == (1024, 6) and labels.shape == (1024, 1)
+    from dlrm_vrgd.config import parse_config
+    from dlrm_vrgd.data.synthetic import SyntheticCriteo
+
+    rows = SyntheticCriteo(parse_config(tiny_config_dict()).data).source("val").read(0, 1024)
+    np.testing.assert_array_equal(sparse, rows.sparse)
+    np.testing.assert_array_equal(labels[:, 0], rows.labels)
+    assert not list((tmp_path / "d").glob("*.tmp"))
+
+
+def test_config_command_prints_resolved_config(tmp_path: Path) -> None:
+    proc = cli("config", "--config", str(write_config(tmp_path)), "--set", "optim.dense.lr=0.5")
+    assert proc.returncode == 0
+    assert yaml.safe_load(proc.stdout)["optim"]["dense"]["lr"] == 0.5

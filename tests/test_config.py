@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlrm_vrgd.config import ConfigError, TrainConfig, apply_overrides, load_config, parse_config
+
+from .conftest import tiny_config_dict
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", ["demo", "criteo_kaggle", "batch512k"])
+def test_shipped_configs_load(name: str) -> None:
+    cfg = load_config(REPO / "configs" / f"{name}.yaml")
+    assert cfg.run.global_batch % cfg.run.micro_batch == 0
+
+
+def test_batch512k_is_a_512k_batch() -> None:
+    cfg = load_config(REPO / "configs" / "batch512k.yaml")
+    assert cfg.run.global_batch == 512 * 1024
+    assert cfg.run.accumulation_steps == 64
+
+
+def test_defaults_are_valid() -> None:
+    cfg = TrainConfig()
+    assert cfg.data.source == "synthetic"
+    assert len(cfg.data.cardinalities) == 26
+    assert cfg.model.dense_arch[-1] == cfg.model.embedding_dim
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  dense:\n    lrr: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "optim.dense.lrr" in str(err.value)
+    assert "Extra inputs are not permitted" in str(err.value)
+
+
+def test_wrong_type_is_named() -> None:
+    raw = tiny_config_dict(run={"global_batch": "lots"})
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw)
+    assert "run.global_batch" in str(err.value)
+
+
+def test_data_errors_name_the_field_without_the_union_tag() -> None:
+    raw = tiny_config_dict(data={"train_rows": -5})
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw)
+    assert "data.train_rows" in str(err.value)
+
+
+def test_negative_lr_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"optim\.sparse\.lr"):
+        parse_config(tiny_config_dict(optim={"sparse": {"lr": -1.0}}))
+
+
+def test_batch_must_divide() -> None:
+    with pytest.raises(ConfigError, match="multiple of micro_batch"):
+        parse_config(tiny_config_dict(run={"global_batch": 100, "micro_batch": 64, "steps": 1}))
+
+
+def test_dense_arch_must_end_with_embedding_dim() -> None:
+    raw = tiny_config_dict(model={"embedding_dim": 8, "dense_arch": [16, 4]})
+    with pytest.raises(ConfigError, match=r"model: .*dense_arch must end with embedding_dim"):
+        parse_config(raw)
+
+
+def test_steps_and_epochs_are_exclusive() -> None:
+    with pytest.raises(ConfigError, match="not both"):
+        parse_config(tiny_config_dict(run={"steps": 3, "epochs": 1.0}))
+
+
+def test_epochs_give_steps() -> None:
+    raw = tiny_config_dict(run={"steps": None, "epochs": 1.5})
+    cfg = parse_config(raw)
+    assert cfg.total_steps(train_rows=4096) == 24  # ceil(1.5 * 4096 / 256)
+
+
+def test_overrides_parse_yaml_values() -> None:
+    raw = apply_overrides(
+        tiny_config_dict(),
+        [
+            "optim.dense.lr=0.5",
+            "model.dense_arch=[32, 8]",
+            "run.eval_every=7",
+            "model.arch=dlrm_dcn",
+        ],
+    )
+    cfg = parse_config(raw)
+    assert cfg.optim.dense.lr == 0.5
+    assert cfg.model.dense_arch == [32, 8]
+    assert cfg.run.eval_every == 7
+    assert cfg.model.arch == "dlrm_dcn"
+
+
+def test_override_without_equals_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        apply_overrides({}, ["optim.dense.lr"])
+
+
+def test_bad_yaml_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("run:\n  steps: 3\n  micro_batch: [1, 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(path) in str(err.value)
+    assert "line" in str(err.value)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_round_trip_through_dict() -> None:
+    cfg = parse_config(tiny_config_dict())
+    assert parse_config(cfg.to_dict()) == cfg

@@ -1,0 +1,113 @@
+"""Checkpoints: resume continues exactly; corrupt checkpoints are detected, never loaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlrm_vrgd.train import checkpoint as ckpt
+from dlrm_vrgd.train.loop import Callback, train
+from dlrm_vrgd.train.rundir import read_jsonl
+
+from ..conftest import tiny_config
+
+ARGS = (
+    "run.steps=7",
+    "run.checkpoint_every=3",
+    "run.eval_every=2",
+    "optim.schedule.decay=cosine",
+    "optim.schedule.warmup_steps=2",
+)
+
+
+class CrashAt(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step(self, record: dict) -> None:
+        if record["step"] == self.step:
+            raise RuntimeError("simulated crash")
+
+
+def train_losses(out: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"}
+
+
+def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
+    cfg = tiny_config(*ARGS)
+    whole = train(cfg, tmp_path / "whole")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(cfg, tmp_path / "crashed", callbacks=[CrashAt(5)])
+    assert not (tmp_path / "crashed" / "result.json").exists()
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "crashed")] == ["step_00000003"]
+    resumed = train(cfg, tmp_path / "crashed", resume=True)
+
+    assert resumed.losses == whole.losses[3:]  # steps 4..7, bit for bit
+    assert train_losses(tmp_path / "crashed") == train_losses(tmp_path / "whole")
+    steps = [r["step"] for r in read_jsonl(tmp_path / "crashed" / "metrics.jsonl")]
+    assert steps == sorted(steps), "records of the crashed attempt after step 3 were dropped"
+    assert resumed.test == whole.test
+    result = json.loads((tmp_path / "crashed" / "result.json").read_text())
+    assert result["steps"] == 7 and result["test"]["auc"] == whole.test["auc"]
+
+
+def test_checkpoints_are_complete_and_pruned(tmp_path: Path) -> None:
+    train(tiny_config(*ARGS, "run.keep_checkpoints=2"), tmp_path)
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path)]
+    assert names == ["step_00000006", "step_00000007"]  # 3 pruned; final step always saved
+    manifest = ckpt.read_manifest(tmp_path / "checkpoints" / "step_00000007")
+    assert manifest["step"] == 7 and manifest["world_size"] == 1
+    assert manifest["config"]["run"]["steps"] == 7
+    state = ckpt.load_rank_state(tmp_path / "checkpoints" / "step_00000007", 0)
+    assert state["step"] == 7 and "model" in state and "dense_opt" in state
+    assert not list((tmp_path / "checkpoints").glob(".staging*"))
+
+
+def test_truncated_checkpoint_is_detected(tmp_path: Path) -> None:
+    cfg = tiny_config("run.steps=3", "run.checkpoint_every=3")
+    train(cfg, tmp_path)
+    latest = ckpt.latest_checkpoint(tmp_path)
+    assert latest is not None
+    path = latest / "rank0.pt"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ckpt.CheckpointError, match="truncated"):
+        ckpt.load_rank_state(latest, 0)
+    with pytest.raises(ckpt.CheckpointError):
+        train(cfg.model_copy(), tmp_path, resume=True)
+
+
+def test_altered_checkpoint_is_detected(tmp_path: Path) -> None:
+    train(tiny_config("run.steps=2", "run.checkpoint_every=2"), tmp_path)
+    path = ckpt.latest_checkpoint(tmp_path) / "rank0.pt"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ckpt.CheckpointError, match="checksum"):
+        ckpt.load_rank_state(path.parent, 0)
+
+
+def test_missing_manifest_means_incomplete(tmp_path: Path) -> None:
+    d = tmp_path / "checkpoints" / "step_00000001"
+    d.mkdir(parents=True)
+    with pytest.raises(ckpt.CheckpointError, match="incomplete"):
+        ckpt.load_rank_state(d, 0)
+
+
+def test_resume_refuses_a_different_model(tmp_path: Path) -> None:
+    train(tiny_config("run.steps=2", "run.checkpoint_every=2"), tmp_path)
+    with pytest.raises(ValueError, match="optim.dense.lr"):
+        train(tiny_config("run.steps=4", "optim.dense.lr=0.5"), tmp_path, resume=True)
+    # how long to train may change
+    result = train(tiny_config("run.steps=4", "run.checkpoint_every=2"), tmp_path, resume=True)
+    assert result.steps == 4 and len(result.losses) == 2
+
+
+def test_existing_run_is_not_overwritten(tmp_path: Path) -> None:
+    train(tiny_config("run.steps=1"), tmp_path)
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(tiny_config("run.steps=1"), tmp_path)
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before
