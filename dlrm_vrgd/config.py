@@ -101,11 +101,17 @@ class ModelConfig(_Section):
 
 
 # ---------------------------------------------------------------------------------- optim
-DenseOptimizerName = Literal["sgd", "adam", "adamw", "adagrad"]
+DenseOptimizerName = Literal[
+    "sgd", "adam", "adamw", "adagrad", "vrsgd", "vradam", "vrlars", "vrlamb"
+]
 SparseOptimizerName = Literal["rowwise_adagrad", "sgd"]
 
 
 class DenseOptimConfig(_Section):
+    """Dense-layer optimizer. ``vr*`` names are the VRGD variants of sgd / adamw / LARS / LAMB
+    (DESIGN.md 4.2); ``gamma`` and ``gsnr_beta`` apply to them only, ``trust_coefficient`` to
+    vrlars."""
+
     name: DenseOptimizerName = "adamw"
     lr: Annotated[float, Field(gt=0.0)] = 1e-3
     momentum: Fraction = 0.0
@@ -114,6 +120,11 @@ class DenseOptimConfig(_Section):
     weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
     betas: tuple[Fraction, Fraction] = (0.9, 0.999)
     eps: Annotated[float, Field(gt=0.0)] = 1e-8
+    #: Lower clip of the GSNR ratio: 1 reproduces the base optimizer exactly.
+    gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
+    #: EMA factor of the ratio for vradam / vrlamb.
+    gsnr_beta: Fraction = 0.9
+    trust_coefficient: Annotated[float, Field(gt=0.0)] = 0.001
 
     @model_validator(mode="after")
     def _check_nesterov(self) -> DenseOptimConfig:
@@ -161,6 +172,8 @@ class RunConfig(_Section):
     checkpoint_every: Annotated[int, Field(ge=0)] = 0
     keep_checkpoints: PositiveInt = 2
     log_every: PositiveInt = 1
+    #: Write per-tensor / per-table GSNR summaries to gsnr.jsonl every N steps.
+    gsnr_every: PositiveInt = 1
     seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
     threads: PositiveInt | None = None

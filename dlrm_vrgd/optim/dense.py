@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dlrm_vrgd.config import DenseOptimConfig
+from dlrm_vrgd.optim.vrgd import VR_OPTIMIZERS, VRLAMB, VRLARS, VRSGD, GroupGSNROptimizer, VRAdam
 
 
 class GroupAveraged:
@@ -78,16 +79,51 @@ class GroupAveraged:
         self.optimizer.load_state_dict(state)
 
     def gsnr_summary(self) -> list[dict[str, Any]]:
+        """Plain optimizers measure no GSNR."""
         return []
+
+
+DenseOptimizer = GroupAveraged | GroupGSNROptimizer
 
 
 def build_dense_optimizer(
     cfg: DenseOptimConfig,
-    params: Iterable[nn.Parameter],
+    named_params: Iterable[tuple[str, nn.Parameter]],
     process_group: dist.ProcessGroup | None = None,
-) -> GroupAveraged:
-    """The dense optimizer named by ``cfg`` with the group protocol."""
-    params = list(params)
+) -> DenseOptimizer:
+    """The dense optimizer named by ``cfg``, with the group protocol (collect / step)."""
+    named = list(named_params)
+    if cfg.name in VR_OPTIMIZERS:
+        common = {
+            "lr": cfg.lr,
+            "weight_decay": cfg.weight_decay,
+            "gamma": cfg.gamma,
+            "process_group": process_group,
+        }
+        if cfg.name == "vrsgd":
+            opt: GroupGSNROptimizer = VRSGD(
+                named,
+                momentum=cfg.momentum,
+                dampening=cfg.dampening,
+                nesterov=cfg.nesterov,
+                **common,
+            )
+        elif cfg.name == "vradam":
+            opt = VRAdam(named, betas=cfg.betas, eps=cfg.eps, gsnr_beta=cfg.gsnr_beta, **common)
+        elif cfg.name == "vrlars":
+            opt = VRLARS(
+                named,
+                momentum=cfg.momentum,
+                eps=cfg.eps,
+                trust_coefficient=cfg.trust_coefficient,
+                **common,
+            )
+        else:
+            opt = VRLAMB(named, betas=cfg.betas, eps=cfg.eps, gsnr_beta=cfg.gsnr_beta, **common)
+        for group in opt.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        return opt
+    params = [p for _, p in named]
     if cfg.name == "sgd":
         inner: torch.optim.Optimizer = torch.optim.SGD(
             params,

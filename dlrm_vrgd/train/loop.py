@@ -39,6 +39,7 @@ EVAL_CACHE_ROWS = 250_000
 
 #: Config sections a resumed run may change (how long and how often, not what is trained).
 RESUMABLE_CHANGES = {
+    "run.gsnr_every",
     "run.steps",
     "run.epochs",
     "run.eval_every",
@@ -110,7 +111,7 @@ class Trainer:
             cfg.optim.sparse,
             device=self.device,
         ).to(self.device)
-        self.dense_opt = build_dense_optimizer(cfg.optim.dense, self.model.dense_parameters())
+        self.dense_opt = build_dense_optimizer(cfg.optim.dense, self.model.named_dense_parameters())
         self.sparse_opt = SparseRowwiseOptimizer(
             [self.model.embeddings],
             lr=cfg.optim.sparse.lr,
@@ -155,7 +156,7 @@ class Trainer:
         seconds = time.perf_counter() - t0
         self.step += 1
         loss_value = float(torch.stack(losses).mean())
-        return {
+        record = {
             "step": self.step,
             "samples": self.step * self.cfg.run.global_batch,
             "epoch": round(self.stream.epoch(self.step), 6),
@@ -164,6 +165,16 @@ class Trainer:
             "lr_sparse": lr_sparse,
             "step_seconds": seconds,
             "rows_per_s": self.cfg.run.global_batch / seconds,
+        }
+        record.update(compact_gsnr(self.dense_opt.gsnr_summary()))
+        return record
+
+    def gsnr_record(self) -> dict[str, Any]:
+        """Per-tensor (dense) and per-table (sparse) GSNR figures of the last step."""
+        return {
+            "step": self.step,
+            "dense": self.dense_opt.gsnr_summary(),
+            "tables": self.sparse_opt.summary(),
         }
 
     # ------------------------------------------------------------------------ eval
@@ -212,6 +223,17 @@ class Trainer:
         return ckpt.publish(
             out_dir, self.step, self.world_size, self.cfg.to_dict(), self.cfg.run.keep_checkpoints
         )
+
+
+def compact_gsnr(summary: list[dict[str, Any]]) -> dict[str, float]:
+    """Element-weighted mean clipped ratio and fraction clipped at γ over all dense tensors."""
+    total = sum(s["numel"] for s in summary)
+    if not total:
+        return {}
+    return {
+        "gsnr_ratio": sum(s["ratio"] * s["numel"] for s in summary) / total,
+        "gsnr_frac_clipped": sum(s["frac_clipped"] * s["numel"] for s in summary) / total,
+    }
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -294,7 +316,8 @@ def train(
             losses.append(record["loss"])
             if metrics and (record["step"] % run.log_every == 0 or record["step"] == 1):
                 metrics.write({"kind": "train", **record})
-                gsnr.write({"step": record["step"], "tables": trainer.sparse_opt.summary()})  # type: ignore[union-attr]
+            if gsnr and (record["step"] % run.gsnr_every == 0 or record["step"] == 1):
+                gsnr.write(trainer.gsnr_record())
             for cb in callbacks:
                 cb.on_step(record)
             last = trainer.step == trainer.total_steps

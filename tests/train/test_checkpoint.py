@@ -111,3 +111,17 @@ def test_existing_run_is_not_overwritten(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError, match="--resume"):
         train(tiny_config("run.steps=1"), tmp_path)
     assert (tmp_path / "metrics.jsonl").read_bytes() == before
+
+
+def test_resume_with_vr_optimizer_equals_uninterrupted(tmp_path: Path) -> None:
+    cfg = tiny_config(
+        "run.steps=5", "run.checkpoint_every=2", "optim.dense.name=vradam", "optim.dense.gamma=0.2"
+    )
+    whole = train(cfg, tmp_path / "whole")
+    with pytest.raises(RuntimeError):
+        train(cfg, tmp_path / "crashed", callbacks=[CrashAt(3)])
+    resumed = train(cfg, tmp_path / "crashed", resume=True)
+    assert resumed.losses == whole.losses[2:]
+    gsnr = read_jsonl(tmp_path / "crashed" / "gsnr.jsonl")
+    assert [r["step"] for r in gsnr] == [1, 2, 3, 4, 5]
+    assert gsnr[-1]["dense"][0]["name"].startswith("dlrm.")

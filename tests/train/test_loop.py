@@ -103,3 +103,30 @@ def test_learning_rates_follow_the_schedule() -> None:
     assert lrs[1] == pytest.approx(base)
     assert lrs[-1] == pytest.approx(0.0)
     assert trainer.sparse_opt.param_groups[0]["lr"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("base,vr", [("sgd", "vrsgd"), ("adamw", "vradam")])
+def test_vr_optimizer_with_gamma_one_trains_like_its_base(base: str, vr: str) -> None:
+    common = {"lr": 0.05, "momentum": 0.9} if base == "sgd" else {"lr": 0.01}
+    a = Trainer(tiny_config(optim={"dense": {"name": base, **common}}))
+    b = Trainer(tiny_config(optim={"dense": {"name": vr, "gamma": 1.0, **common}}))
+    for _ in range(3):
+        ra, rb = a.train_step(), b.train_step()
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5)
+        assert rb["gsnr_ratio"] == 1.0 and rb["gsnr_frac_clipped"] == 0.0
+    for (_, x), (_, y) in zip(
+        a.model.named_dense_parameters(), b.model.named_dense_parameters(), strict=True
+    ):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_vr_telemetry_per_layer() -> None:
+    trainer = Trainer(tiny_config(optim={"dense": {"name": "vrlamb", "lr": 0.01, "gamma": 0.1}}))
+    record = trainer.train_step()
+    assert 0.1 <= record["gsnr_ratio"] <= 1.0 and 0.0 <= record["gsnr_frac_clipped"] <= 1.0
+    gsnr = trainer.gsnr_record()
+    names = [d["name"] for d in gsnr["dense"]]
+    assert names == [n for n, _ in trainer.model.named_dense_parameters()]
+    assert any(n.startswith("dlrm.over_arch") for n in names)
+    assert all(d["raw_gsnr"] >= 0 for d in gsnr["dense"])
+    assert gsnr["tables"][0]["table"] == "t_cat_0"

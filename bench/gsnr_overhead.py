@@ -1,0 +1,81 @@
+"""Cost of GSNR bookkeeping in the dense optimizers: step time of each VR optimizer beside its
+base optimizer on the demo model and data, k = 8 micro-batches per step, all in one run.
+
+Bases: torch.optim.SGD / AdamW for VR-SGD / VR-Adam; for VR-LARS / VR-LAMB (no torch.optim
+counterpart) the same class with gamma = 1, which skips the statistics and *is* the base
+algorithm. Target: ratio <= 1.03.
+
+    python bench/gsnr_overhead.py [--reps 15] [--micro-batch 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from common import REPO, interleaved_medians, print_table, threads
+
+from dlrm_vrgd.config import load_config
+from dlrm_vrgd.train.loop import Trainer
+
+PAIRS = [
+    (
+        "vrsgd",
+        {"name": "vrsgd", "lr": 0.05, "momentum": 0.9},
+        {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+    ),
+    ("vradam", {"name": "vradam", "lr": 0.002}, {"name": "adamw", "lr": 0.002}),
+    (
+        "vrlars",
+        {"name": "vrlars", "lr": 1.0, "momentum": 0.9},
+        {"name": "vrlars", "lr": 1.0, "momentum": 0.9, "gamma": 1.0},
+    ),
+    ("vrlamb", {"name": "vrlamb", "lr": 0.002}, {"name": "vrlamb", "lr": 0.002, "gamma": 1.0}),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--micro-batch", type=int, default=1024)
+    ap.add_argument("--k", type=int, default=8)
+    args = ap.parse_args()
+    torch.set_num_threads(threads())
+    b, k = args.micro_batch, args.k
+
+    def trainer(dense: dict) -> Trainer:
+        overrides = [
+            f"run.global_batch={b * k}",
+            f"run.micro_batch={b}",
+            "run.epochs=null",
+            "run.steps=1000",
+        ] + [f"optim.dense.{key}={v}" for key, v in dense.items()]
+        return Trainer(load_config(REPO / "configs" / "demo.yaml", overrides))
+
+    variants = {}
+    for name, vr, base in PAIRS:
+        variants[f"{name}"] = trainer(vr).train_step
+        variants[f"{name}:base"] = trainer(base).train_step
+    n_dense = sum(p.numel() for p in trainer(PAIRS[0][2]).model.dense_parameters())
+    print(
+        f"demo model: {n_dense:,} dense parameters; G = {k} x {b} rows; "
+        f"{threads()} threads; median of {args.reps} interleaved steps"
+    )
+    med = interleaved_medians(variants, args.reps)
+    rows = []
+    for name, _, base in PAIRS:
+        vr_t, base_t = med[name], med[f"{name}:base"]
+        rows.append(
+            [
+                name,
+                base["name"] + (" (gamma=1)" if "gamma" in base else ""),
+                vr_t * 1e3,
+                base_t * 1e3,
+                vr_t / base_t,
+            ]
+        )
+    print_table(["optimizer", "base", "VR step ms", "base step ms", "ratio"], rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Gradient signal-to-noise ratio (GSNR) kernels — pure functions, no state (DESIGN.md 4.1, 4.3).
+
+With ``k`` gradient groups ``g_1..g_k`` (each the gradient of the mean loss of its own rows),
+the statistics a caller accumulates are ``S = Σ_d g_d`` and ``Q = Σ_d g_d ⊙ g_d``. Then
+
+1. ``ḡ = S / k``, ``s = Q / k``;
+2. ``σ² = max(s − ḡ², 0)`` and the raw ratio ``r = ḡ² / σ²``, element-wise;
+3. *degenerate* elements — ``σ² ≤ ε·s`` (no measurable spread: ``k = 1``, identical groups,
+   all-zero gradients, up to fp32 cancellation) or non-finite statistics — get ``r = 1`` and
+   are left out of step 4;
+4. normalization per tensor: ``r ← r / mean(r over non-degenerate elements)``;
+5. clip to ``[γ, 1]``: VRGD only damps noisy elements; ``γ = 1`` gives ``r ≡ 1``.
+
+``ε`` is relative (``DEGENERATE_REL``), so the ratio does not change when the loss is scaled.
+The row-wise variant (:func:`rowwise_ratio`) is the same with one scalar per embedding row:
+``σ²_row = Q_row/k − ‖ḡ_row‖²`` with ``Q_row = Σ_d ‖g_{d,row}‖²`` and ``r_row = ‖ḡ_row‖²/σ²_row``.
+Nothing returned is ever NaN or Inf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: σ² at or below this fraction of the mean square counts as zero (fp32 cancellation in s − ḡ²
+#: is a few ulps per accumulated group; 1e-5 leaves a wide margin up to thousands of groups).
+DEGENERATE_REL = 1e-5
+_TINY = 1e-30
+
+
+@dataclass(frozen=True)
+class GSNRStats:
+    """Summary of one tensor's ratio: 0-d float32 tensors (no host sync until read).
+
+    ``raw_mean``: mean raw GSNR over non-degenerate elements (0 when there are none);
+    ``ratio_mean``: mean of the clipped ratio; ``frac_clipped``: fraction at ``γ`` (γ < 1);
+    ``frac_degenerate``: fraction of degenerate elements.
+    """
+
+    raw_mean: torch.Tensor
+    ratio_mean: torch.Tensor
+    frac_clipped: torch.Tensor
+    frac_degenerate: torch.Tensor
+
+    def as_dict(self) -> dict[str, float]:
+        values = torch.stack(
+            [self.raw_mean, self.ratio_mean, self.frac_clipped, self.frac_degenerate]
+        ).tolist()
+        return dict(
+            zip(("raw_gsnr", "ratio", "frac_clipped", "frac_degenerate"), values, strict=True)
+        )
+
+
+def raw_gsnr(
+    signal: torch.Tensor, second_moment: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(r, degenerate)`` from ``signal = ḡ²`` and ``second_moment = s`` (steps 2–3).
+
+    ``r`` is 1 where ``degenerate``.
+    """
+    var = (second_moment - signal).clamp_min(0.0)
+    degenerate = (var <= DEGENERATE_REL * second_moment + _TINY) | ~torch.isfinite(var)
+    degenerate |= ~torch.isfinite(signal)
+    safe_var = torch.where(degenerate, torch.ones_like(var), var)
+    r = torch.where(degenerate, torch.ones_like(var), signal / safe_var)
+    return r, degenerate
+
+
+def normalize_clip(
+    r: torch.Tensor, degenerate: torch.Tensor, gamma: float
+) -> tuple[torch.Tensor, GSNRStats]:
+    """Steps 4–5: divide by the mean over non-degenerate elements, clip to ``[γ, 1]``."""
+    live = ~degenerate
+    n_live = live.sum()
+    total = torch.where(live, r, torch.zeros_like(r)).sum()
+    mean = total / n_live.clamp_min(1)
+    usable = (n_live > 0) & (mean > _TINY) & torch.isfinite(mean)
+    scale = torch.where(usable, 1.0 / torch.where(usable, mean, torch.ones_like(mean)), 1.0)
+    ratio = torch.where(live & usable, r * scale, torch.ones_like(r)).clamp_(gamma, 1.0)
+    n = max(r.numel(), 1)
+    stats = GSNRStats(
+        raw_mean=torch.where(n_live > 0, mean, torch.zeros_like(mean)).float(),
+        ratio_mean=ratio.float().mean() if r.numel() else torch.ones(()),
+        frac_clipped=((ratio <= gamma).sum() / n).float() if gamma < 1.0 else torch.zeros(()),
+        frac_degenerate=(degenerate.sum() / n).float(),
+    )
+    return ratio, stats
+
+
+def gsnr_ratio(
+    grad_sum: torch.Tensor, sq_sum: torch.Tensor, k: int, gamma: float
+) -> tuple[torch.Tensor, GSNRStats]:
+    """Element-wise clipped, normalized GSNR ratio of one tensor (DESIGN.md 4.1).
+
+    ``grad_sum`` = ``Σ_d g_d``, ``sq_sum`` = ``Σ_d g_d²`` over ``k`` groups (fp32 or wider;
+    lower precisions are promoted). Returns the ratio (same shape, in ``[γ, 1]``) and stats.
+    """
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"Invalid gamma: {gamma} (must be in (0, 1])")
+    if k < 1:
+        raise ValueError(f"Invalid number of groups: {k}")
+    acc = torch.promote_types(grad_sum.dtype, torch.float32)
+    mean = grad_sum.to(acc) / k
+    if k < 2:
+        degenerate = torch.ones_like(mean, dtype=torch.bool)
+        return normalize_clip(torch.ones_like(mean), degenerate, gamma)
+    r, degenerate = raw_gsnr(mean * mean, sq_sum.to(acc) / k)
+    return normalize_clip(r, degenerate, gamma)
+
+
+def rowwise_ratio(
+    grad_sum: torch.Tensor, sq_sum: torch.Tensor, k: int, gamma: float
+) -> tuple[torch.Tensor, GSNRStats]:
+    """One ratio per embedding row (DESIGN.md 4.3).
+
+    ``grad_sum``: U x D, ``Σ_d g_{d,row}`` over the ``k`` groups (zero for groups that did not
+    touch the row); ``sq_sum``: U, ``Σ_d ‖g_{d,row}‖²``. Returns a U-vector in ``[γ, 1]``.
+    A row touched by one group only has raw ratio ``1/(k − 1)``.
+    """
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"Invalid gamma: {gamma} (must be in (0, 1])")
+    mean = grad_sum.to(torch.float32) / k
+    signal = mean.square().sum(dim=1)
+    if k < 2:
+        degenerate = torch.ones_like(signal, dtype=torch.bool)
+        return normalize_clip(torch.ones_like(signal), degenerate, gamma)
+    r, degenerate = raw_gsnr(signal, sq_sum.to(torch.float32) / k)
+    return normalize_clip(r, degenerate, gamma)

@@ -1,0 +1,455 @@
+"""VRGD optimizers: SGD, Adam(W), LARS and LAMB with a per-element GSNR step scale (DESIGN.md 4.2).
+
+Each is a ``torch.optim.Optimizer`` with the *group protocol*: after the backward of each
+gradient group (a micro-batch, whose loss is the mean over its own rows) call :meth:`collect`;
+it folds ``p.grad`` into running sums ``S = Σ_d g_d`` and ``Q = Σ_d g_d²`` (fp32) and clears
+``p.grad``. :meth:`step` then finishes the statistics — one all-reduce of the concatenated sums
+across ``process_group`` when one is given — computes ``ḡ = S/k`` and the clipped, normalized
+ratio ``r`` of :func:`~dlrm_vrgd.optim.gsnr.gsnr_ratio` per tensor, and updates:
+
+* :class:`VRSGD`: ``u = r⊙ḡ``, then exactly ``torch.optim.SGD`` on ``u`` (weight decay,
+  momentum, dampening, Nesterov): ``b = μb + (1−τ)(u + wd·θ)``, ``θ −= lr·b``.
+* :class:`VRAdam`: ``p = β₃p + (1−β₃)r``, ``p̂ = p/(1−β₃ᵗ)``, ``g' = p̂⊙ḡ`` feeds both moments of
+  exactly ``torch.optim.AdamW`` (decoupled weight decay); the update itself is not rescaled.
+* :class:`VRLARS`: ``u = r⊙ḡ``; trust ratio ``tr = η‖θ‖/(‖u‖ + wd‖θ‖ + ε)`` for weights (1 for
+  1-D parameters, or when a norm is 0); ``u += wd·θ``; ``b = μb + lr·tr·u``; ``θ −= b``.
+* :class:`VRLAMB`: VRAdam's moments on ``g'``, ``u = m̂/(√v̂ + ε) + wd·θ``,
+  ``θ −= lr·(‖θ‖/‖u‖)·u`` (ratio 1 if a norm is 0).
+
+With ``γ = 1`` the ratio is identically 1 and each reduces to its base optimizer; a step in
+which every param group has ``γ = 1`` skips the second-moment sums and the ratio altogether.
+With fewer than two groups in a step the ratio is 1 as well, and a warning is logged once.
+After each step, :meth:`gsnr_summary` gives per-tensor figures for the metrics stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.optim import Optimizer
+from torch.optim.adam import adam as adam_update
+from torch.optim.sgd import sgd as sgd_update
+
+from dlrm_vrgd.optim.gsnr import GSNRStats, gsnr_ratio
+
+logger = logging.getLogger(__name__)
+
+
+def _check(name: str, value: float, ok: bool) -> None:
+    if not ok:
+        raise ValueError(f"Invalid {name}: {value}")
+
+
+def _check_common(lr: float, weight_decay: float, gamma: float) -> None:
+    _check("learning rate", lr, lr >= 0.0)
+    _check("weight_decay value", weight_decay, weight_decay >= 0.0)
+    _check("gamma", gamma, 0.0 < gamma <= 1.0)
+
+
+def _check_betas(betas: tuple[float, float], gsnr_beta: float, eps: float) -> None:
+    _check("beta parameter at index 0", betas[0], 0.0 <= betas[0] < 1.0)
+    _check("beta parameter at index 1", betas[1], 0.0 <= betas[1] < 1.0)
+    _check("gsnr_beta", gsnr_beta, 0.0 <= gsnr_beta < 1.0)
+    _check("epsilon value", eps, eps >= 0.0)
+
+
+class GroupGSNROptimizer(Optimizer):
+    """Base class: the group protocol and the GSNR statistics; subclasses implement
+    :meth:`_update` for one param group given ``ḡ`` and ``r`` per parameter."""
+
+    def __init__(
+        self,
+        params: Any,
+        defaults: dict[str, Any],
+        process_group: dist.ProcessGroup | None = None,
+        foreach: bool = True,
+    ) -> None:
+        super().__init__(params, defaults)
+        self.process_group = process_group
+        self.foreach = foreach
+        self._k = 0
+        self._sums: dict[Tensor, Tensor] = {}
+        self._sqs: dict[Tensor, Tensor] = {}
+        self._with_sq = True
+        self._stats: list[tuple[str, int, GSNRStats | None]] = []
+        self._warned_single_group = False
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def groups_collected(self) -> int:
+        return self._k
+
+    @torch.no_grad()
+    def collect(self) -> None:
+        """Fold every ``p.grad`` into the step's sums as one more group; clear the grads."""
+        if self._k == 0:  # first group of a step: are any statistics needed?
+            self._with_sq = any(g["gamma"] < 1.0 for g in self.param_groups)
+        with_sq = self._with_sq
+        fresh, grads, sums, sqs = [], [], [], []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p not in self._sums:
+                    fresh.append(p)
+                else:
+                    grads.append(p.grad.to(torch.float32))
+                    sums.append(self._sums[p])
+                    if with_sq:
+                        sqs.append(self._sqs[p])
+        for p in fresh:
+            g = p.grad.to(torch.float32)
+            self._sums[p] = g.clone()
+            if with_sq:
+                self._sqs[p] = g * g
+        if grads:
+            if self.foreach:
+                torch._foreach_add_(sums, grads)
+                if with_sq:
+                    torch._foreach_addcmul_(sqs, grads, grads)
+            else:
+                for i, g in enumerate(grads):
+                    sums[i].add_(g)
+                    if with_sq:
+                        sqs[i].addcmul_(g, g)
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+        self._k += 1
+
+    def _reduce(self) -> int:
+        """All-reduce the sums across the process group (one call); returns the total ``k``."""
+        k = self._k
+        if self.process_group is None:
+            return k
+        params = [p for g in self.param_groups for p in g["params"]]
+        stores = (self._sums, self._sqs) if self._with_sq else (self._sums,)
+        for store in stores:
+            for p in params:
+                if p not in store:  # keep every rank's layout identical
+                    store[p] = torch.zeros_like(p, dtype=torch.float32)
+        flat = torch.cat(
+            [store[p].reshape(-1) for store in stores for p in params]
+            + [torch.tensor([float(k)], device=params[0].device)]
+        )
+        dist.all_reduce(flat, group=self.process_group)
+        offset = 0
+        for buffers in stores:
+            for p in params:
+                n = p.numel()
+                buffers[p].copy_(flat[offset : offset + n].view_as(p))
+                offset += n
+        return int(round(float(flat[-1])))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Finish the statistics of the collected groups and update once.
+
+        A ``closure`` (re-evaluating the loss and calling ``backward``) is run under grad mode
+        and its gradients are collected as one more group first.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+            self.collect()
+        if self._k == 0:
+            raise RuntimeError("step() called before collect(): no gradient groups")
+        k = self._reduce()
+        if k < 2 and not self._warned_single_group:
+            logger.warning("VRGD step with %d gradient group(s): GSNR is undefined, ratio = 1", k)
+            self._warned_single_group = True
+        self._stats = []
+        for group in self.param_groups:
+            names = group.get("param_names")
+            params, means, ratios = [], [], []
+            for i, p in enumerate(group["params"]):
+                if p not in self._sums:
+                    continue
+                ratio, stats = None, None
+                if group["gamma"] < 1.0:
+                    ratio, stats = gsnr_ratio(self._sums[p], self._sqs[p], k, group["gamma"])
+                    ratio = ratio.to(p.dtype)
+                params.append(p)
+                means.append((self._sums[p] / k).to(p.dtype))
+                ratios.append(ratio)
+                name = names[i] if names else f"param{len(self._stats)}"
+                self._stats.append((name, p.numel(), stats))
+            if params:
+                self._update(group, params, means, ratios)
+        self._sums.clear()
+        self._sqs.clear()
+        self._k = 0
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        self._sums.clear()
+        self._sqs.clear()
+        self._k = 0
+
+    def _update(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        means: list[Tensor],
+        ratios: list[Tensor | None],
+    ) -> None:
+        """Update ``params`` of ``group`` from ``ḡ`` (``means``) and ``r`` (None means 1)."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- telemetry
+    def gsnr_summary(self) -> list[dict[str, Any]]:
+        """Per tensor of the last step: name, numel, mean raw GSNR, mean clipped ratio,
+        fraction clipped at γ, fraction degenerate (``None`` where γ = 1 skipped the statistics)."""
+        unmeasured = {"raw_gsnr": None, "ratio": 1.0, "frac_clipped": 0.0, "frac_degenerate": None}
+        return [
+            {"name": n, "numel": numel, **(s.as_dict() if s is not None else unmeasured)}
+            for n, numel, s in self._stats
+        ]
+
+
+def _scaled(mean: Tensor, ratio: Tensor | None) -> Tensor:
+    return mean if ratio is None else mean * ratio
+
+
+class VRSGD(GroupGSNROptimizer):
+    """SGD with GSNR-scaled gradient ``u = r⊙ḡ`` (see module doc)."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        gamma: float = 0.1,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        foreach: bool = True,
+    ) -> None:
+        _check_common(lr, weight_decay, gamma)
+        _check("momentum value", momentum, momentum >= 0.0)
+        _check("dampening value", dampening, dampening >= 0.0)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            gamma=gamma,
+        )
+        super().__init__(params, defaults, process_group, foreach)
+
+    def _update(self, group, params, means, ratios) -> None:
+        grads = [_scaled(m, r) for m, r in zip(means, ratios, strict=True)]
+        bufs = [self.state[p].get("momentum_buffer") for p in params]
+        sgd_update(
+            params,
+            grads,
+            bufs,
+            weight_decay=group["weight_decay"],
+            momentum=group["momentum"],
+            lr=group["lr"],
+            dampening=group["dampening"],
+            nesterov=group["nesterov"],
+            maximize=False,
+            foreach=self.foreach,
+        )
+        if group["momentum"] != 0:
+            for p, buf in zip(params, bufs, strict=True):
+                self.state[p]["momentum_buffer"] = buf
+
+
+def _gsnr_ema(state: dict[str, Any], ratio: Tensor | None, beta: float, step: int) -> Tensor | None:
+    """``p = β₃p + (1−β₃)r`` and the bias-corrected ``p̂ = p/(1−β₃ᵗ)`` (None when r ≡ 1)."""
+    if ratio is None:
+        return None
+    if "gsnr_ema" not in state:
+        state["gsnr_ema"] = torch.zeros_like(ratio)
+    ema = state["gsnr_ema"]
+    ema.mul_(beta).add_(ratio, alpha=1.0 - beta)
+    return ema / (1.0 - beta**step)
+
+
+class VRAdam(GroupGSNROptimizer):
+    """AdamW whose moments see ``g' = p̂⊙ḡ`` (see module doc)."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        gamma: float = 0.1,
+        gsnr_beta: float = 0.9,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        foreach: bool = True,
+    ) -> None:
+        _check_common(lr, weight_decay, gamma)
+        _check_betas(betas, gsnr_beta, eps)
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            gamma=gamma,
+            gsnr_beta=gsnr_beta,
+        )
+        super().__init__(params, defaults, process_group, foreach)
+
+    def _update(self, group, params, means, ratios) -> None:
+        grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
+        for p, m, r in zip(params, means, ratios, strict=True):
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            t = int(state["step"].item()) + 1
+            grads.append(_scaled(m, _gsnr_ema(state, r, group["gsnr_beta"], t)))
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        beta1, beta2 = group["betas"]
+        adam_update(
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            [],
+            steps,
+            foreach=self.foreach,
+            decoupled_weight_decay=True,
+            amsgrad=False,
+            beta1=beta1,
+            beta2=beta2,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+        )
+
+
+class VRLARS(GroupGSNROptimizer):
+    """LARS on the GSNR-scaled gradient (see module doc)."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1.0,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 0.001,
+        eps: float = 1e-8,
+        gamma: float = 0.1,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        foreach: bool = True,
+    ) -> None:
+        _check_common(lr, weight_decay, gamma)
+        _check("momentum value", momentum, 0.0 <= momentum < 1.0)
+        _check("trust_coefficient", trust_coefficient, trust_coefficient > 0.0)
+        _check("epsilon value", eps, eps >= 0.0)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient,
+            eps=eps,
+            gamma=gamma,
+        )
+        super().__init__(params, defaults, process_group, foreach)
+
+    def _update(self, group, params, means, ratios) -> None:
+        wd, mu = group["weight_decay"], group["momentum"]
+        for p, m, r in zip(params, means, ratios, strict=True):
+            u = _scaled(m, r)
+            trust = 1.0
+            if p.ndim > 1:
+                w_norm, u_norm = float(p.norm()), float(u.norm())
+                if w_norm > 0 and u_norm > 0:
+                    trust = (
+                        group["trust_coefficient"] * w_norm / (u_norm + wd * w_norm + group["eps"])
+                    )
+            if wd:
+                u = u.add(p, alpha=wd)
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            buf = state["momentum_buffer"]
+            buf.mul_(mu).add_(u, alpha=group["lr"] * trust)
+            p.sub_(buf)
+
+
+class VRLAMB(GroupGSNROptimizer):
+    """LAMB on VRAdam's moments (see module doc)."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        gamma: float = 0.1,
+        gsnr_beta: float = 0.9,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        foreach: bool = True,
+    ) -> None:
+        _check_common(lr, weight_decay, gamma)
+        _check_betas(betas, gsnr_beta, eps)
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            gamma=gamma,
+            gsnr_beta=gsnr_beta,
+        )
+        super().__init__(params, defaults, process_group, foreach)
+
+    def _update(self, group, params, means, ratios) -> None:
+        beta1, beta2 = group["betas"]
+        for p, m, r in zip(params, means, ratios, strict=True):
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            state["step"] += 1
+            t = int(state["step"].item())
+            g = _scaled(m, _gsnr_ema(state, r, group["gsnr_beta"], t))
+            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+            exp_avg.lerp_(g, 1.0 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+            m_hat = exp_avg / (1.0 - beta1**t)
+            v_hat = exp_avg_sq / (1.0 - beta2**t)
+            u = m_hat / (v_hat.sqrt() + group["eps"])
+            if group["weight_decay"]:
+                u.add_(p, alpha=group["weight_decay"])
+            w_norm, u_norm = float(p.norm()), float(u.norm())
+            trust = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+            if not math.isfinite(trust):
+                trust = 1.0
+            p.sub_(u, alpha=group["lr"] * trust)
+
+
+VR_OPTIMIZERS: dict[str, type[GroupGSNROptimizer]] = {
+    "vrsgd": VRSGD,
+    "vradam": VRAdam,
+    "vrlars": VRLARS,
+    "vrlamb": VRLAMB,
+}

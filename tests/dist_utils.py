@@ -1,0 +1,31 @@
+"""Run a function on N real processes joined in a gloo process group."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _entry(
+    rank: int, fn: Callable[..., Any], world: int, store: str, out: str, args: tuple
+) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        result = fn(rank, world, *args)
+        torch.save(result, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], world: int, tmp: Path, *args: Any) -> list[Any]:
+    """``fn(rank, world, *args)`` on ``world`` spawned processes; returns each rank's result."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    store = tmp / "store"
+    mp.spawn(_entry, args=(fn, world, str(store), str(tmp), args), nprocs=world, join=True)
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
