@@ -104,7 +104,7 @@ class ModelConfig(_Section):
 DenseOptimizerName = Literal[
     "sgd", "adam", "adamw", "adagrad", "vrsgd", "vradam", "vrlars", "vrlamb"
 ]
-SparseOptimizerName = Literal["rowwise_adagrad", "sgd"]
+SparseOptimizerName = Literal["rowwise_adagrad", "sgd", "gsnr_rowwise_adagrad", "gsnr_sgd"]
 
 
 class DenseOptimConfig(_Section):
@@ -134,11 +134,27 @@ class DenseOptimConfig(_Section):
 
 
 class SparseOptimConfig(_Section):
+    """Embedding-table optimizer: FBGEMM's fused EXACT_ROWWISE_ADAGRAD (``rowwise_adagrad``) or
+    EXACT_SGD (``sgd``); the ``gsnr_`` variants scale each row's gradient by its GSNR ratio
+    (DESIGN.md 4.3) with lower clip ``gamma`` and the ``step`` or ``ema`` estimator."""
+
     name: SparseOptimizerName = "rowwise_adagrad"
     lr: Annotated[float, Field(gt=0.0)] = 0.05
     eps: Annotated[float, Field(gt=0.0)] = 1e-8
+    gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
+    estimator: Literal["step", "ema"] = "step"
+    ema_beta: Fraction = 0.9
     #: Rows replayed through the fused kernel per call (bounds transient memory).
     replay_chunk_rows: PositiveInt = 65_536
+
+    @property
+    def kernel(self) -> str:
+        """The fused FBGEMM update: ``rowwise_adagrad`` or ``sgd``."""
+        return self.name.removeprefix("gsnr_")
+
+    @property
+    def gsnr(self) -> bool:
+        return self.name.startswith("gsnr_")
 
 
 class ScheduleConfig(_Section):

@@ -44,7 +44,7 @@ class ClickModel(nn.Module):
         self.keys = feature_names(len(cardinalities))
         tables = table_configs(cardinalities, cfg.embedding_dim)
         embeddings = FbgemmEmbeddingBagCollection(
-            tables, optimizer=sparse.name, lr=sparse.lr, eps=sparse.eps, device=device
+            tables, optimizer=sparse.kernel, lr=sparse.lr, eps=sparse.eps, device=device
         )
         if cfg.arch == "dlrm":
             self.dlrm: DLRM = DLRM(

@@ -10,15 +10,18 @@ gradient of every touched row, separately for each *group* of bags::
     g[row, group] = Σ_{bags b of group, j in b with indices[j] == row} w_j · ∂L/∂pooled[b, cols(f)]
 
 with ``w_j`` the per-sample weight (1 when unweighted), divided by the bag length for mean pooling.
-Rows of all features mapped to the same table are summed before anything else. The cost is one
-sort of the ``nnz`` looked-up ids per table and an ``index_add`` of ``nnz x D`` values.
+Rows of all features mapped to the same table are summed before anything else.
+
+Tables that share an embedding dim are numbered into one *row space* (:class:`RowSpace`, like
+the TBE's own ``hash_size_cumsum``), so one micro-batch costs one sort of its looked-up ids and
+one ``index_add`` per distinct dim — not one per table.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -28,10 +31,60 @@ Pooling = Literal["sum", "mean"]
 
 
 @dataclass(frozen=True)
-class RowGrads:
-    """Per-(row, group) gradients of one table, sorted by ``(row, group)``.
+class RowSpace:
+    """The tables of one lookup with embedding dim ``dim``: row ``r`` of ``tables[i]`` is
+    *global row* ``offsets[i] + r`` (``offsets`` has ``len(tables) + 1`` entries)."""
 
-    ``rows`` U int64, ``groups`` U int64 (0..G-1 within the call), ``grads`` U x D float32.
+    dim: int
+    tables: tuple[int, ...]
+    offsets: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return self.offsets[-1]
+
+    def table_index(self, rows: torch.Tensor) -> torch.Tensor:
+        """Position in :attr:`tables` of each global row."""
+        bounds = torch.tensor(self.offsets[1:-1], dtype=rows.dtype, device=rows.device)
+        return torch.bucketize(rows, bounds, right=True)
+
+
+@dataclass(frozen=True)
+class LookupLayout:
+    """Which table each feature reads, and the tables' shapes (the TBE's feature_table_map)."""
+
+    feature_table: tuple[int, ...]
+    table_dims: tuple[int, ...]
+    table_rows: tuple[int, ...]
+    spaces: tuple[RowSpace, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        spaces = []
+        for dim in dict.fromkeys(self.table_dims):  # distinct dims, first-seen order
+            tables = tuple(t for t, d in enumerate(self.table_dims) if d == dim)
+            offsets = [0]
+            for t in tables:
+                offsets.append(offsets[-1] + self.table_rows[t])
+            spaces.append(RowSpace(dim, tables, tuple(offsets)))
+        object.__setattr__(self, "spaces", tuple(spaces))
+
+    @staticmethod
+    def of(feature_table: list[int], table_dims: list[int], table_rows: list[int]) -> LookupLayout:
+        return LookupLayout(tuple(feature_table), tuple(table_dims), tuple(table_rows))
+
+    def space_of_table(self, table: int) -> tuple[int, int]:
+        """``(space index, position in that space)`` of ``table``."""
+        for s, space in enumerate(self.spaces):
+            if table in space.tables:
+                return s, space.tables.index(table)
+        raise KeyError(table)
+
+
+@dataclass(frozen=True)
+class RowGrads:
+    """Per-(row, group) gradients in one row space, sorted by ``(row, group)``.
+
+    ``rows`` U int64 global rows, ``groups`` U int64 (0..G-1 within the call), ``grads`` U x D.
     """
 
     rows: torch.Tensor
@@ -49,64 +102,136 @@ def pooled_grad_to_rows(
     offsets: torch.Tensor,
     per_sample_weights: torch.Tensor | None,
     grad: torch.Tensor,
-    feature_table: list[int],
-    table_dims: list[int],
+    layout: LookupLayout,
     pooling: Pooling = "sum",
     num_groups: int = 1,
 ) -> list[RowGrads]:
-    """Reduce the pooled-output gradient ``grad`` (B x ΣD_f) to row gradients per table.
+    """Reduce the pooled-output gradient ``grad`` (B x ΣD_f) to row gradients, one
+    :class:`RowGrads` per row space of ``layout``.
 
     ``indices``/``offsets``/``per_sample_weights`` are the lookup's inputs in TBE layout
     (``offsets`` has ``F·B + 1`` entries, feature-major). Bags ``[g·B/G, (g+1)·B/G)`` form group
     ``g`` of ``G = num_groups`` (the owner of a sharded table receives the source ranks' bags in
-    rank order). Returns one :class:`RowGrads` per table (empty where no row was touched).
+    rank order).
     """
-    num_features = len(feature_table)
+    num_features = len(layout.feature_table)
     num_bags = (offsets.numel() - 1) // num_features
     if num_bags * num_features != offsets.numel() - 1:
         raise ValueError(f"offsets has {offsets.numel()} entries, not F*B+1 for F={num_features}")
     if num_bags % num_groups:
         raise ValueError(f"{num_bags} bags cannot be split into {num_groups} equal groups")
-    per_group = num_bags // num_groups
+    dims = [layout.table_dims[t] for t in layout.feature_table]
+    if sum(dims) != grad.shape[1]:
+        raise ValueError(f"gradient has {grad.shape[1]} columns, features need {sum(dims)}")
     device = grad.device
     offsets = offsets.to(torch.int64)
-    indices = indices.to(torch.int64)
-    lengths = (offsets[1:] - offsets[:-1]).view(num_features, num_bags)
-
-    col = 0
-    parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in table_dims]
-    for f, t in enumerate(feature_table):
-        dim = table_dims[t]
-        lo, hi = int(offsets[f * num_bags]), int(offsets[(f + 1) * num_bags])
-        if hi > lo:
-            bag = torch.repeat_interleave(torch.arange(num_bags, device=device), lengths[f])
-            contrib = grad[bag, col : col + dim]
-            scale = None
-            if per_sample_weights is not None:
-                scale = per_sample_weights[lo:hi].to(grad.dtype)
-            if pooling == "mean":
-                inv_len = 1.0 / lengths[f][bag].to(grad.dtype)
-                scale = inv_len if scale is None else scale * inv_len
-            if scale is not None:
-                contrib = contrib * scale[:, None]
-            key = indices[lo:hi] * num_groups + torch.div(bag, per_group, rounding_mode="floor")
-            parts[t].append((key, contrib))
-        col += dim
-    if col != grad.shape[1]:
-        raise ValueError(f"gradient has {grad.shape[1]} columns, features need {col}")
+    lengths = offsets[1:] - offsets[:-1]  # F*B, feature-major
+    cols = [0]
+    for d in dims:
+        cols.append(cols[-1] + d)
 
     out = []
-    for t, dim in enumerate(table_dims):
-        if not parts[t]:
-            out.append(RowGrads.empty(dim, device))
+    for space in layout.spaces:
+        feats = [f for f, t in enumerate(layout.feature_table) if t in space.tables]
+        ids = _space_items(
+            indices,
+            offsets,
+            lengths,
+            per_sample_weights,
+            grad,
+            layout,
+            space,
+            feats,
+            cols,
+            num_bags,
+            pooling,
+        )
+        if ids is None:
+            out.append(RowGrads.empty(space.dim, device))
             continue
-        keys = torch.cat([k for k, _ in parts[t]])
-        contrib = torch.cat([c for _, c in parts[t]])
+        rows, bag, contrib = ids
+        if num_groups == 1:
+            keys = rows
+        else:
+            keys = rows * num_groups + torch.div(bag, num_bags // num_groups, rounding_mode="floor")
         uniq, inverse = torch.unique(keys, sorted=True, return_inverse=True)
-        grads = torch.zeros(uniq.numel(), dim, dtype=grad.dtype, device=device)
+        grads = torch.zeros(uniq.numel(), space.dim, dtype=grad.dtype, device=device)
         grads.index_add_(0, inverse, contrib)
-        out.append(RowGrads(uniq // num_groups, uniq % num_groups, grads))
+        if num_groups == 1:
+            out.append(RowGrads(uniq, torch.zeros_like(uniq), grads))
+        else:
+            out.append(RowGrads(uniq // num_groups, uniq % num_groups, grads))
     return out
+
+
+def _space_items(
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    lengths: torch.Tensor,
+    per_sample_weights: torch.Tensor | None,
+    grad: torch.Tensor,
+    layout: LookupLayout,
+    space: RowSpace,
+    feats: list[int],
+    cols: list[int],
+    num_bags: int,
+    pooling: Pooling,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Every looked-up id of the space's features as ``(global row, bag in [0, B),
+    contribution ∂L/∂pooled · weight)``; None when there is none."""
+    device = grad.device
+    num_features = len(layout.feature_table)
+    row_offset = torch.tensor(
+        [space.offsets[space.tables.index(layout.feature_table[f])] for f in feats],
+        dtype=torch.int64,
+        device=device,
+    )
+    if not feats or int(offsets[-1]) == 0:
+        return None
+    if len(feats) == num_features and bool((lengths == 1).all()):
+        # One id per bag in every feature (Criteo): take the ids bag-major, so that item
+        # b·F + f lines up with row b, feature f of the gradient — a view, no copy.
+        rows = indices.view(num_features, num_bags).t().reshape(-1).to(torch.int64)
+        rows = rows + row_offset.repeat(num_bags)
+        bag = torch.arange(num_bags, device=device).repeat_interleave(num_features)
+        contrib = grad.reshape(num_bags * num_features, space.dim)
+        if per_sample_weights is not None:
+            w = per_sample_weights.view(num_features, num_bags).t().reshape(-1)
+            contrib = contrib * w.to(grad.dtype)[:, None]
+        return rows, bag, contrib
+    # General bags: ids feature-major, each feature's ids contiguous.
+    if len(feats) == num_features:
+        pooled = grad.view(num_bags, num_features, space.dim).transpose(0, 1)
+        nnz: slice | torch.Tensor = slice(0, int(offsets[-1]))
+        feat_lengths = lengths
+    else:
+        pooled = torch.stack([grad[:, cols[f] : cols[f] + space.dim] for f in feats])
+        nnz = torch.cat(
+            [
+                torch.arange(
+                    int(offsets[f * num_bags]), int(offsets[(f + 1) * num_bags]), device=device
+                )
+                for f in feats
+            ]
+        )
+        feat_lengths = torch.cat([lengths[f * num_bags : (f + 1) * num_bags] for f in feats])
+    pooled = pooled.reshape(len(feats) * num_bags, space.dim)
+    item_bag = torch.repeat_interleave(
+        torch.arange(len(feats) * num_bags, device=device), feat_lengths
+    )
+    if item_bag.numel() == 0:
+        return None
+    rows = indices[nnz].to(torch.int64) + row_offset[item_bag // num_bags]
+    contrib = pooled[item_bag]
+    scale = None
+    if per_sample_weights is not None:
+        scale = per_sample_weights[nnz].to(grad.dtype)
+    if pooling == "mean":
+        inv_len = 1.0 / feat_lengths[item_bag].to(grad.dtype)
+        scale = inv_len if scale is None else scale * inv_len
+    if scale is not None:
+        contrib = contrib * scale[:, None]
+    return rows, item_bag % num_bags, contrib
 
 
 @dataclass
@@ -120,26 +245,24 @@ class _Call:
 class LookupCapture:
     """Forward hook that defers a lookup's backward: see the module docstring.
 
-    ``feature_table[f]`` is the table of feature ``f``; ``table_dims[t]`` its embedding dim;
-    ``weighted`` whether the lookup takes per-sample weights (replays must pass ones).
-    The hook is active only while the module is training, grad mode is on and the capture is
-    not :meth:`paused`. Call :meth:`take` after the backward of every captured forward.
+    ``layout`` maps features to tables; ``weighted``: whether the lookup takes per-sample
+    weights (replays must pass ones). The hook is active only while the module is training,
+    grad mode is on and the capture is not :meth:`paused`. Call :meth:`take` after the backward
+    of every captured forward.
     """
 
     def __init__(
         self,
         module: nn.Module,
-        feature_table: list[int],
-        table_dims: list[int],
+        layout: LookupLayout,
         pooling: Pooling = "sum",
         groups_per_call: int = 1,
         weighted: bool = False,
     ) -> None:
-        self.feature_table = list(feature_table)
-        self.table_dims = list(table_dims)
+        self.layout = layout
         self.pooling: Pooling = pooling
-        self.weighted = weighted
         self.groups_per_call = groups_per_call
+        self.weighted = weighted
         self._calls: list[_Call] = []
         self._paused = False
         self._handle = module.register_forward_hook(self._hook, with_kwargs=True)
@@ -175,7 +298,7 @@ class LookupCapture:
         return leaf
 
     def take(self) -> list[list[RowGrads]]:
-        """Row gradients of every captured call since the last take (one list per call)."""
+        """Row gradients of every captured call since the last take (per call, per space)."""
         calls, self._calls = self._calls, []
         out = []
         for call in calls:
@@ -188,8 +311,7 @@ class LookupCapture:
                     call.offsets,
                     call.per_sample_weights,
                     grad,
-                    self.feature_table,
-                    self.table_dims,
+                    self.layout,
                     self.pooling,
                     self.groups_per_call,
                 )

@@ -29,7 +29,7 @@ from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from dlrm_vrgd.embedding.capture import LookupCapture, Pooling
+from dlrm_vrgd.embedding.capture import LookupCapture, LookupLayout, Pooling, RowSpace
 
 FUSED_OPTIMIZERS: dict[str, EmbOptimType] = {
     "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
@@ -46,18 +46,18 @@ def replay_rows(
     chunk_rows: int = 65_536,
 ) -> None:
     """Apply ``grads[t]`` (U_t x D_t) to rows ``rows[t]`` (U_t, unique) of every table through
-    the TBE's fused optimizer at learning rate ``lr``.
+    the TBE's fused optimizer at learning rate ``lr`` — the general route.
 
     Each table's rows go through the first feature that maps to it, one row per bag; the other
-    features get empty bags. Calls carry at most ``chunk_rows`` bags, so transient memory is
-    ``chunk_rows x ΣD`` whatever the number of touched rows.
+    features get empty bags, so the call's output is ``max_t U_t x ΣD`` (padded). Calls carry
+    at most ``chunk_rows`` bags.
     """
-    feature_table = capture.feature_table
+    feature_table = capture.layout.feature_table
     num_features = len(feature_table)
     first_feature = {t: feature_table.index(t) for t in set(feature_table)}
     col = [0]
     for t in feature_table:
-        col.append(col[-1] + capture.table_dims[t])
+        col.append(col[-1] + capture.layout.table_dims[t])
     most = max((r.numel() for r in rows), default=0)
     if most == 0:
         return
@@ -83,6 +83,51 @@ def replay_rows(
         with capture.paused():
             out = tbe(indices, offsets, per_sample_weights=weights)
             out.backward(grad_out)
+
+
+def space_view(
+    tbe: SplitTableBatchedEmbeddingBagsCodegen, layout: LookupLayout, space: RowSpace
+) -> SplitTableBatchedEmbeddingBagsCodegen | None:
+    """A one-table TBE over the weights and row-wise optimizer state of ``space``'s tables,
+    sharing ``tbe``'s host buffers (FBGEMM's ``preallocated_host_buffers``): an update through
+    it *is* an update of ``tbe``. Its single table is the row space, so global row ``i`` of the
+    space is its row ``i``. None where the tables are not consecutive in host memory (the
+    general :func:`replay_rows` then applies)."""
+    first = space.tables[0]
+    if space.tables != tuple(range(first, first + len(space.tables))):
+        return None
+    if tbe.weights_host.numel() == 0:  # device-resident weights
+        return None
+    feature = layout.feature_table.index(first)  # the TBE's offsets are per feature
+    w0 = int(tbe.weights_offsets[feature])
+    buffers = {"weights": tbe.weights_host.data[w0 : w0 + space.size * space.dim]}
+    if tbe.optimizer != EmbOptimType.EXACT_SGD:
+        m0 = int(tbe.momentum1_offsets[feature])
+        buffers["momentum1"] = tbe.momentum1_host.data[m0 : m0 + space.size]
+    return SplitTableBatchedEmbeddingBagsCodegen(
+        [(space.size, space.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+        optimizer=tbe.optimizer,
+        learning_rate=tbe.get_learning_rate(),
+        eps=tbe.optimizer_args.eps,
+        pooling_mode=PoolingMode.SUM,
+        preallocated_host_buffers=buffers,
+    )
+
+
+def replay_space(
+    view: SplitTableBatchedEmbeddingBagsCodegen,
+    rows: torch.Tensor,
+    grads: torch.Tensor,
+    lr: float,
+    chunk_rows: int = 65_536,
+) -> None:
+    """Apply ``grads`` (U x D) to global rows ``rows`` (U, unique) of a :func:`space_view`:
+    one feature, one row per bag, output ``U x D`` — no padding."""
+    view.set_learning_rate(lr)
+    for start in range(0, rows.numel(), chunk_rows):
+        part = rows[start : start + chunk_rows]
+        offsets = torch.arange(part.numel() + 1, dtype=torch.int64, device=part.device)
+        view(part, offsets).backward(grads[start : start + chunk_rows])
 
 
 class FbgemmEmbeddingBagCollection(nn.Module):
@@ -142,13 +187,12 @@ class FbgemmEmbeddingBagCollection(nn.Module):
             for t, w in zip(tables, self.tbe.split_embedding_weights(), strict=True):
                 bound = math.sqrt(1.0 / t.num_embeddings)
                 w.uniform_(-bound, bound)
-        self.capture = LookupCapture(
-            self.tbe,
-            feature_table,
-            [t.embedding_dim for t in tables],
-            pooling,
-            weighted=is_weighted,
+        layout = LookupLayout.of(
+            feature_table, [t.embedding_dim for t in tables], [t.num_embeddings for t in tables]
         )
+        self.capture = LookupCapture(self.tbe, layout, pooling, weighted=is_weighted)
+        self._views: list[SplitTableBatchedEmbeddingBagsCodegen | None] = []
+        self._views_key = -1
         self._length_per_key = [t.embedding_dim for t in tables for _ in t.feature_names]
 
     # -- torchrec EmbeddingBagCollection interface --------------------------------------
@@ -180,7 +224,28 @@ class FbgemmEmbeddingBagCollection(nn.Module):
     def apply_rows(
         self, rows: list[torch.Tensor], grads: list[torch.Tensor], lr: float, chunk_rows: int
     ) -> None:
-        replay_rows(self.tbe, self.capture, rows, grads, lr, chunk_rows)
+        """Update global rows ``rows[s]`` of row space ``s`` by ``grads[s]`` through the fused
+        kernel (see :func:`space_view`; :func:`replay_rows` where no view applies)."""
+        layout = self.capture.layout
+        key = self.tbe.weights_host.data_ptr()
+        if self._views_key != key:  # (re)build when the weights were moved or replaced
+            self._views = [space_view(self.tbe, layout, sp) for sp in layout.spaces]
+            self._views_key = key
+        general_rows = [torch.zeros(0, dtype=torch.int64)] * len(layout.table_dims)
+        general_grads = [torch.zeros(0, d) for d in layout.table_dims]
+        general = False
+        for space, view, r, g in zip(layout.spaces, self._views, rows, grads, strict=True):
+            if view is not None:
+                replay_space(view, r, g, lr, chunk_rows)
+                continue
+            general = True
+            ix = space.table_index(r)
+            for i, t in enumerate(space.tables):
+                sel = ix == i
+                general_rows[t] = r[sel] - space.offsets[i]
+                general_grads[t] = g[sel]
+        if general:
+            replay_rows(self.tbe, self.capture, general_rows, general_grads, lr, chunk_rows)
 
     def table_weights(self) -> list[torch.Tensor]:
         """Views of the weights, one ``rows x dim`` tensor per table."""

@@ -31,11 +31,12 @@ _TINY = 1e-30
 
 @dataclass(frozen=True)
 class GSNRStats:
-    """Summary of one tensor's ratio: 0-d float32 tensors (no host sync until read).
+    """Summary of a ratio, per segment (one segment = one tensor or one embedding table).
 
-    ``raw_mean``: mean raw GSNR over non-degenerate elements (0 when there are none);
-    ``ratio_mean``: mean of the clipped ratio; ``frac_clipped``: fraction at ``γ`` (γ < 1);
-    ``frac_degenerate``: fraction of degenerate elements.
+    Float32 tensors of one value per segment (0-d for a single tensor; no host sync until
+    read): ``raw_mean`` is the mean raw GSNR over non-degenerate elements (0 when there are
+    none); ``ratio_mean`` the mean clipped ratio; ``frac_clipped`` the fraction at ``γ``
+    (γ < 1); ``frac_degenerate`` the fraction of degenerate elements.
     """
 
     raw_mean: torch.Tensor
@@ -43,13 +44,17 @@ class GSNRStats:
     frac_clipped: torch.Tensor
     frac_degenerate: torch.Tensor
 
-    def as_dict(self) -> dict[str, float]:
-        values = torch.stack(
+    _KEYS = ("raw_gsnr", "ratio", "frac_clipped", "frac_degenerate")
+
+    def as_dicts(self) -> list[dict[str, float]]:
+        columns = torch.stack(
             [self.raw_mean, self.ratio_mean, self.frac_clipped, self.frac_degenerate]
-        ).tolist()
-        return dict(
-            zip(("raw_gsnr", "ratio", "frac_clipped", "frac_degenerate"), values, strict=True)
-        )
+        ).reshape(4, -1)
+        return [dict(zip(self._KEYS, col, strict=True)) for col in columns.t().tolist()]
+
+    def as_dict(self) -> dict[str, float]:
+        (only,) = self.as_dicts()
+        return only
 
 
 def raw_gsnr(
@@ -68,22 +73,43 @@ def raw_gsnr(
 
 
 def normalize_clip(
-    r: torch.Tensor, degenerate: torch.Tensor, gamma: float
+    r: torch.Tensor,
+    degenerate: torch.Tensor,
+    gamma: float,
+    segments: torch.Tensor | None = None,
+    num_segments: int = 1,
 ) -> tuple[torch.Tensor, GSNRStats]:
-    """Steps 4–5: divide by the mean over non-degenerate elements, clip to ``[γ, 1]``."""
+    """Steps 4–5: divide by the mean over non-degenerate elements, clip to ``[γ, 1]``.
+
+    Without ``segments`` the whole of ``r`` is one tensor (stats are 0-d). With ``segments``
+    (int64, one segment id in ``[0, num_segments)`` per element of a 1-D ``r``) each segment is
+    normalized by its own mean, as every embedding table is (stats have one entry per segment).
+    """
     live = ~degenerate
-    n_live = live.sum()
-    total = torch.where(live, r, torch.zeros_like(r)).sum()
-    mean = total / n_live.clamp_min(1)
+    live_r = torch.where(live, r, torch.zeros_like(r))
+
+    def per_segment(values: torch.Tensor) -> torch.Tensor:
+        values = values.to(torch.float32)
+        if segments is None:
+            return values.sum()
+        out = torch.zeros(num_segments, dtype=torch.float32, device=values.device)
+        return out.index_add_(0, segments, values)
+
+    n_live = per_segment(live)
+    count = per_segment(torch.ones_like(r))
+    mean = per_segment(live_r) / n_live.clamp_min(1)
     usable = (n_live > 0) & (mean > _TINY) & torch.isfinite(mean)
     scale = torch.where(usable, 1.0 / torch.where(usable, mean, torch.ones_like(mean)), 1.0)
-    ratio = torch.where(live & usable, r * scale, torch.ones_like(r)).clamp_(gamma, 1.0)
-    n = max(r.numel(), 1)
+    if segments is not None:
+        scale, usable = scale[segments], usable[segments]
+    ratio = torch.where(live & usable, r * scale.to(r.dtype), torch.ones_like(r))
+    ratio = ratio.clamp_(gamma, 1.0)
+    n = count.clamp_min(1)
     stats = GSNRStats(
-        raw_mean=torch.where(n_live > 0, mean, torch.zeros_like(mean)).float(),
-        ratio_mean=ratio.float().mean() if r.numel() else torch.ones(()),
-        frac_clipped=((ratio <= gamma).sum() / n).float() if gamma < 1.0 else torch.zeros(()),
-        frac_degenerate=(degenerate.sum() / n).float(),
+        raw_mean=torch.where(n_live > 0, mean, torch.zeros_like(mean)),
+        ratio_mean=torch.where(count > 0, per_segment(ratio) / n, torch.ones_like(n)),
+        frac_clipped=per_segment(ratio <= gamma) / n if gamma < 1.0 else torch.zeros_like(n),
+        frac_degenerate=per_segment(degenerate) / n,
     )
     return ratio, stats
 

@@ -7,22 +7,33 @@ touched in the step, the mean row gradient over the ``k`` groups
 
     ḡ_row = (1/k) Σ_d g_{d,row}        (g_{d,row} = 0 for groups that did not touch the row)
 
-and hands it to the table's fused kernel (FBGEMM EXACT_ROWWISE_ADAGRAD / EXACT_SGD), which
-updates each touched row exactly once. Since every group's loss is the mean over its own ``B``
-rows, ``ḡ`` is the gradient of the mean loss over the whole global batch.
+and hands it — scaled by the row's GSNR ratio when GSNR is on — to the table's fused kernel
+(FBGEMM EXACT_ROWWISE_ADAGRAD / EXACT_SGD), which updates each touched row exactly once. Since
+every group's loss is the mean over its own ``B`` rows, ``ḡ`` is the gradient of the mean loss
+over the whole global batch.
 
-Memory: an ``int32`` slot per table row (the size of the row-wise Adagrad state) plus
-``O(touched rows x D)`` for the step's sums.
+Memory: an ``int32`` slot per table row (the size of the row-wise Adagrad state), two floats
+per row for the EMA estimator, plus ``O(touched rows x D)`` for the step's sums.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import torch
 
-from dlrm_vrgd.embedding.capture import LookupCapture, RowGrads
+from dlrm_vrgd.embedding.capture import LookupCapture, RowGrads, RowSpace
+from dlrm_vrgd.optim.gsnr import normalize_clip, raw_gsnr
+
+Estimator = Literal["step", "ema"]
+
+
+def row_sq_norm(x: torch.Tensor) -> torch.Tensor:
+    """``‖x_i‖²`` of each row of ``x`` (U x D -> U)."""
+    return torch.linalg.vector_norm(x, dim=1).square()
+
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +51,9 @@ class RowwiseLookup(Protocol):
 
     def apply_rows(
         self, rows: list[torch.Tensor], grads: list[torch.Tensor], lr: float, chunk_rows: int
-    ) -> None: ...
+    ) -> None:
+        """Update global rows ``rows[s]`` (unique) of row space ``s`` of the lookup's layout by
+        ``grads[s]`` through the lookup's row-wise optimizer at learning rate ``lr``."""
 
 
 class RowAccumulator:
@@ -92,7 +105,7 @@ class RowAccumulator:
             self.size += n_new
         idx = slots[inverse]
         self.grad_sum.index_add_(0, idx, rg.grads)
-        self.sq_sum.index_add_(0, idx, rg.grads.square().sum(dim=1))
+        self.sq_sum.index_add_(0, idx, row_sq_norm(rg.grads))
         self.n_groups.index_add_(0, idx, torch.ones_like(idx, dtype=torch.int32))
 
     def drain(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -107,13 +120,39 @@ class RowAccumulator:
         return rows, self.grad_sum[:n], self.sq_sum[:n], self.n_groups[:n]
 
 
+@dataclass
+class RowStep:
+    """One step of one table: the touched ``rows`` (U, sorted), the gradient handed to the
+    fused kernel ``update = r_row · ḡ_row`` (U x D), raw GSNR ``raw`` and final ``ratio`` (both
+    U; 1 without GSNR). The last step's are kept in ``last_rows`` when ``record_rows`` is set,
+    for inspection."""
+
+    rows: torch.Tensor
+    update: torch.Tensor
+    raw: torch.Tensor
+    ratio: torch.Tensor
+
+
 class SparseRowwiseOptimizer:
-    """One row-wise update of every touched embedding row per global step.
+    """One row-wise update of every touched embedding row per global step, optionally scaled by
+    the row's gradient signal-to-noise ratio (DESIGN.md 4.3).
+
+    With ``gsnr=True`` the fused kernel receives ``r_row · ḡ_row`` instead of ``ḡ_row``, where
+    ``r_row`` is :func:`~dlrm_vrgd.optim.gsnr.rowwise_ratio` normalized over the table's touched
+    rows and clipped to ``[γ, 1]``. Two estimators of the raw ratio ``‖ḡ‖² / σ²``:
+
+    * ``"step"``: this step's groups only. A row touched by one group has raw ratio ``1/(k−1)``.
+    * ``"ema"``: per-row exponential averages (factor ``ema_beta``) of the two row scalars
+      ``‖ḡ_row‖²`` and ``(1/k) Σ_d ‖g_{d,row}‖²``, updated whenever the row is touched
+      (initialized to the first observation); ``σ² = EMA(second) − EMA(signal)``. Two floats per
+      table row of state, so rare rows are judged on more than one step.
 
     Args:
         lookups: embedding collections whose lookups are captured (:class:`RowwiseLookup`).
         lr: learning rate handed to the fused kernel (``param_groups[0]["lr"]``, so schedules
             set it like a ``torch.optim`` optimizer's).
+        gsnr: scale each row's gradient by its ratio; ``gamma``: lower clip (1 = no damping).
+        estimator, ema_beta: see above.
         chunk_rows: rows per replay call of the fused kernel.
         groups_per_collect: groups contributed by one :meth:`collect` (1 on one process; the
             number of source ranks when a sharded table's owner receives every rank's bags).
@@ -123,25 +162,47 @@ class SparseRowwiseOptimizer:
         self,
         lookups: list[RowwiseLookup],
         lr: float,
+        *,
+        gsnr: bool = False,
+        gamma: float = 0.1,
+        estimator: Estimator = "step",
+        ema_beta: float = 0.9,
         chunk_rows: int = 65_536,
         groups_per_collect: int = 1,
     ) -> None:
         if lr < 0:
             raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"Invalid gamma: {gamma} (must be in (0, 1])")
+        if estimator not in ("step", "ema"):
+            raise ValueError(f"Invalid estimator: {estimator!r} (step or ema)")
+        if not 0.0 <= ema_beta < 1.0:
+            raise ValueError(f"Invalid ema_beta: {ema_beta}")
         if chunk_rows <= 0:
             raise ValueError(f"Invalid chunk_rows: {chunk_rows}")
         self.lookups = list(lookups)
         self.param_groups: list[dict[str, Any]] = [{"lr": lr, "initial_lr": lr}]
+        self.gsnr = gsnr
+        self.gamma = gamma
+        self.estimator: Estimator = estimator
+        self.ema_beta = ema_beta
         self.chunk_rows = chunk_rows
         self.groups_per_collect = groups_per_collect
+        self.record_rows = False
+        self.last_rows: list[list[RowStep]] = []
         self.k = 0
+        # per lookup, per row space (tables sharing a dim): the step's sums
         self._acc = [
-            [
-                RowAccumulator(rows, dim)
-                for rows, dim in zip(lk.table_rows, lk.capture.table_dims, strict=True)
-            ]
+            [RowAccumulator(space.size, space.dim) for space in lk.capture.layout.spaces]
             for lk in self.lookups
         ]
+        # per lookup, per row space: (EMA of ‖ḡ_row‖², EMA of mean ‖g_d,row‖²); O(rows) floats
+        self._ema: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        if gsnr and estimator == "ema":
+            self._ema = [
+                [(torch.zeros(sp.size), torch.zeros(sp.size)) for sp in lk.capture.layout.spaces]
+                for lk in self.lookups
+            ]
         self._last_summary: list[dict[str, Any]] = []
 
     def collect(self) -> None:
@@ -152,38 +213,114 @@ class SparseRowwiseOptimizer:
                     acc.add(rg)
         self.k += self.groups_per_collect
 
+    def _raw(
+        self, li: int, s: int, rows: torch.Tensor, signal: torch.Tensor, second: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw row ratio and degenerate mask from this step's (or the smoothed) row scalars
+        ``signal = ‖ḡ_row‖²`` and ``second = (1/k) Σ_d ‖g_{d,row}‖²``."""
+        if self.estimator == "ema":
+            ema_signal, ema_second = self._ema[li][s]
+            old_s, old_q = ema_signal[rows], ema_second[rows]
+            fresh = old_q <= 0
+            b = self.ema_beta
+            signal = torch.where(fresh, signal, b * old_s + (1 - b) * signal)
+            second = torch.where(fresh, second, b * old_q + (1 - b) * second)
+            ema_signal[rows] = signal
+            ema_second[rows] = second
+        return raw_gsnr(signal, second)
+
     @torch.no_grad()
     def step(self) -> None:
-        """Apply the mean row gradient of the collected groups, then reset."""
+        """Apply the (GSNR-scaled) mean row gradient of the collected groups, then reset."""
         if self.k == 0:
             logger.warning("SparseRowwiseOptimizer.step() without collect(): nothing to apply")
             return
         lr = float(self.param_groups[0]["lr"])
-        summary = []
-        for lookup, accs in zip(self.lookups, self._acc, strict=True):
-            rows_out, grads_out = [], []
-            for name, acc in zip(lookup.table_names, accs, strict=True):
-                rows, grad_sum, _sq_sum, n_groups = acc.drain()
-                rows_out.append(rows)
-                grads_out.append(grad_sum / self.k)
-                summary.append(
-                    {
-                        "table": name,
-                        "touched_rows": int(rows.numel()),
-                        "multi_group_rows": int((n_groups >= 2).sum()),
-                    }
-                )
+        summary: list[dict[str, Any]] = []
+        recorded: list[list[RowStep]] = []
+        for li, (lookup, accs) in enumerate(zip(self.lookups, self._acc, strict=True)):
+            layout = lookup.capture.layout
+            per_table: list[RowStep | None] = [None] * len(layout.table_dims)
+            entries: list[dict[str, Any]] = [{} for _ in layout.table_dims]
+            rows, updates = [], []
+            for s, (space, acc) in enumerate(zip(layout.spaces, accs, strict=True)):
+                r, u = self._step_space(li, s, space, acc, per_table, entries)
+                rows.append(r)
+                updates.append(u)
             with torch.enable_grad():
-                lookup.apply_rows(rows_out, grads_out, lr, self.chunk_rows)
+                lookup.apply_rows(rows, updates, lr, self.chunk_rows)
+            for name, entry in zip(lookup.table_names, entries, strict=True):
+                summary.append({"table": name, **entry})
+            recorded.append(per_table)  # type: ignore[arg-type]
         self._last_summary = summary
+        self.last_rows = recorded if self.record_rows else []
         self.k = 0
 
+    def _step_space(
+        self,
+        li: int,
+        s: int,
+        space: RowSpace,
+        acc: RowAccumulator,
+        per_table: list[RowStep | None],
+        entries: list[dict[str, Any]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ratio and update ``r_row · ḡ_row`` of every touched row of one row space: returns
+        ``(global rows sorted, updates)`` and fills the per-table views and telemetry."""
+        k = self.k
+        rows, grad_sum, sq_sum, n_groups = acc.drain()
+        rows, order = torch.sort(rows)
+        grad_sum = grad_sum.index_select(0, order)
+        table_ix = space.table_index(rows)
+        n_tables = len(space.tables)
+        raw = ratio = torch.ones(rows.numel(), device=grad_sum.device)
+        stats: list[dict[str, float]] = [{} for _ in space.tables]
+        if self.gsnr:
+            if k >= 2:
+                signal = row_sq_norm(grad_sum) / (k * k)
+                raw, degenerate = self._raw(li, s, rows, signal, sq_sum[order] / k)
+            else:
+                degenerate = torch.ones(rows.numel(), dtype=torch.bool, device=raw.device)
+            ratio, seg = normalize_clip(raw, degenerate, self.gamma, table_ix, n_tables)
+            stats = seg.as_dicts()
+        # the update of each row, r_row · ḡ_row, in one pass over the sums
+        update = grad_sum.mul_((ratio / k)[:, None])
+        counts = torch.bincount(table_ix, minlength=n_tables).tolist()
+        multi = torch.zeros(n_tables, dtype=torch.int64, device=rows.device)
+        multi.index_add_(0, table_ix, (n_groups[order] >= 2).to(torch.int64))
+        starts = torch.tensor(space.offsets[:-1], dtype=torch.int64, device=rows.device)
+        local = rows - starts[table_ix]
+        parts = zip(
+            space.tables,
+            local.split(counts),
+            update.split(counts),
+            raw.split(counts),
+            ratio.split(counts),
+            strict=True,
+        )
+        for i, (t, r, u, rw, rt) in enumerate(parts):
+            per_table[t] = RowStep(r, u, rw, rt)
+            entries[t] = {"touched_rows": counts[i], "multi_group_rows": int(multi[i]), **stats[i]}
+        return rows, update
+
     def summary(self) -> list[dict[str, Any]]:
-        """Per-table figures of the last step (touched rows, rows seen in >= 2 groups)."""
+        """Per-table figures of the last step: touched rows, rows seen in >= 2 groups and, with
+        GSNR, mean raw GSNR, mean clipped ratio, fraction clipped at γ, fraction degenerate."""
         return self._last_summary
 
     def state_dict(self) -> dict[str, Any]:
-        return {"param_groups": [dict(g) for g in self.param_groups]}
+        return {
+            "param_groups": [dict(g) for g in self.param_groups],
+            "estimator": self.estimator if self.gsnr else None,
+            "ema": [[(s.clone(), q.clone()) for s, q in tables] for tables in self._ema],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.param_groups = [dict(g) for g in state["param_groups"]]
+        ema = state.get("ema", [])
+        if self._ema and not ema:
+            raise ValueError("the saved sparse optimizer has no EMA state to resume from")
+        for tables, saved in zip(self._ema, ema, strict=True):
+            for (s, q), (s0, q0) in zip(tables, saved, strict=True):
+                s.copy_(s0)
+                q.copy_(q0)

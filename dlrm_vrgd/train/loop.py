@@ -112,10 +112,15 @@ class Trainer:
             device=self.device,
         ).to(self.device)
         self.dense_opt = build_dense_optimizer(cfg.optim.dense, self.model.named_dense_parameters())
+        sparse = cfg.optim.sparse
         self.sparse_opt = SparseRowwiseOptimizer(
             [self.model.embeddings],
-            lr=cfg.optim.sparse.lr,
-            chunk_rows=cfg.optim.sparse.replay_chunk_rows,
+            lr=sparse.lr,
+            gsnr=sparse.gsnr,
+            gamma=sparse.gamma,
+            estimator=sparse.estimator,
+            ema_beta=sparse.ema_beta,
+            chunk_rows=sparse.replay_chunk_rows,
         )
         self.step = 0
         self.best_val: dict[str, Any] | None = None
@@ -374,6 +379,13 @@ def train(
                     "train_seconds": train_s,
                     "eval_seconds": eval_s,
                     "rows_per_s": trained / train_s if train_s > 0 else None,
+                },
+                "optimizers": {
+                    "dense": cfg.optim.dense.name,
+                    "sparse": cfg.optim.sparse.name,
+                    "sparse_gsnr_estimator": (
+                        cfg.optim.sparse.estimator if cfg.optim.sparse.gsnr else None
+                    ),
                 },
                 "config": cfg.to_dict(),
                 "versions": _versions(),

@@ -10,14 +10,18 @@ import torch
 import torch.nn.functional as F
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 
-from dlrm_vrgd.embedding.fbgemm import FbgemmEmbeddingBagCollection
+from dlrm_vrgd.embedding.fbgemm import FbgemmEmbeddingBagCollection, space_view
 from dlrm_vrgd.optim.sparse import SparseRowwiseOptimizer
 
 from .helpers import random_bags
 
 
-def tables(pooling: PoolingType = PoolingType.SUM) -> list[EmbeddingBagConfig]:
-    spec = [("t0", 40, 4, ["f0", "f3"]), ("t1", 25, 8, ["f1"]), ("t2", 6, 4, ["f2"])]
+def tables(pooling: PoolingType = PoolingType.SUM, dims=(4, 8, 4)) -> list[EmbeddingBagConfig]:
+    spec = [
+        ("t0", 40, dims[0], ["f0", "f3"]),
+        ("t1", 25, dims[1], ["f1"]),
+        ("t2", 6, dims[2], ["f2"]),
+    ]
     return [
         EmbeddingBagConfig(
             name=n, num_embeddings=r, embedding_dim=d, feature_names=fs, pooling=pooling
@@ -29,9 +33,13 @@ def tables(pooling: PoolingType = PoolingType.SUM) -> list[EmbeddingBagConfig]:
 ROWS_PER_FEATURE = [40, 25, 6, 40]  # f0, f1, f2, f3 (f3 shares t0)
 
 
-def make(optimizer: str, pooling: PoolingType, weighted: bool) -> FbgemmEmbeddingBagCollection:
+def make(
+    optimizer: str, pooling: PoolingType, weighted: bool, dims=(4, 8, 4)
+) -> FbgemmEmbeddingBagCollection:
     torch.manual_seed(0)
-    return FbgemmEmbeddingBagCollection(tables(pooling), optimizer, lr=0.3, is_weighted=weighted)
+    return FbgemmEmbeddingBagCollection(
+        tables(pooling, dims), optimizer, lr=0.3, is_weighted=weighted
+    )
 
 
 def run_deferred(ebc, bags, upstream, micro, chunk_rows=65_536, steps=1):
@@ -53,15 +61,20 @@ def run_fused(ebc, bags, upstream, steps=1):
         (out * upstream).sum().div(bags.batch).backward()
 
 
+# (4, 8, 4): t1 alone in its row space (one-table view), t0 + t2 not adjacent (general replay);
+# (4, 4, 4): all tables one row space, replayed through one one-table view.
+@pytest.mark.parametrize("dims", [(4, 8, 4), (4, 4, 4)], ids=["mixed-dims", "one-dim"])
 @pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "sgd"])
 @pytest.mark.parametrize(
     "pooling,weighted",
     [(PoolingType.SUM, False), (PoolingType.SUM, True), (PoolingType.MEAN, False)],
 )
-def test_accumulated_step_equals_fused_whole_batch(optimizer, pooling, weighted) -> None:
+def test_accumulated_step_equals_fused_whole_batch(optimizer, pooling, weighted, dims) -> None:
     bags = random_bags(ROWS_PER_FEATURE, batch=48, weighted=weighted, seed=7)
-    upstream = torch.randn(48, 20, generator=torch.Generator().manual_seed(2))
-    ours, ref = make(optimizer, pooling, weighted), make(optimizer, pooling, weighted)
+    width = 2 * dims[0] + dims[1] + dims[2]
+    upstream = torch.randn(48, width, generator=torch.Generator().manual_seed(2))
+    ours = make(optimizer, pooling, weighted, dims)
+    ref = make(optimizer, pooling, weighted, dims)
     before = [w.clone() for w in ours.table_weights()]
     run_deferred(ours, bags, upstream, micro=12, steps=3)
     run_fused(ref, bags, upstream, steps=3)
@@ -140,3 +153,19 @@ def test_model_state_dict_carries_weights_and_adagrad_state() -> None:
         torch.testing.assert_close(x, y)
     for x, y in zip(a.table_weights(), b.table_weights(), strict=True):
         torch.testing.assert_close(x, y)
+
+
+def test_space_view_shares_the_tbe_buffers() -> None:
+    ebc = make("rowwise_adagrad", PoolingType.SUM, False, dims=(4, 4, 4))
+    layout = ebc.capture.layout
+    (space,) = layout.spaces
+    view = space_view(ebc.tbe, layout, space)
+    assert view is not None
+    assert view.weights_host.data_ptr() == ebc.tbe.weights_host.data_ptr()
+    assert view.momentum1_host.data_ptr() == ebc.tbe.momentum1_host.data_ptr()
+    # row 3 of table 2 is global row 40 + 25 + 3 of the space
+    assert torch.equal(view.split_embedding_weights()[0][68], ebc.table_weights()[2][3])
+    mixed = make("rowwise_adagrad", PoolingType.SUM, False)
+    spaces = mixed.capture.layout.spaces
+    assert space_view(mixed.tbe, mixed.capture.layout, spaces[0]) is None  # t0, t2 apart
+    assert space_view(mixed.tbe, mixed.capture.layout, spaces[1]) is not None

@@ -125,3 +125,25 @@ def test_resume_with_vr_optimizer_equals_uninterrupted(tmp_path: Path) -> None:
     gsnr = read_jsonl(tmp_path / "crashed" / "gsnr.jsonl")
     assert [r["step"] for r in gsnr] == [1, 2, 3, 4, 5]
     assert gsnr[-1]["dense"][0]["name"].startswith("dlrm.")
+
+
+def test_resume_with_gsnr_sparse_ema_equals_uninterrupted(tmp_path: Path) -> None:
+    cfg = tiny_config(
+        "run.steps=5",
+        "run.checkpoint_every=2",
+        "optim.sparse.name=gsnr_rowwise_adagrad",
+        "optim.sparse.estimator=ema",
+        "optim.sparse.gamma=0.2",
+    )
+    whole = train(cfg, tmp_path / "whole")
+    with pytest.raises(RuntimeError):
+        train(cfg, tmp_path / "crashed", callbacks=[CrashAt(3)])
+    resumed = train(cfg, tmp_path / "crashed", resume=True)
+    assert resumed.losses == whole.losses[2:]
+    assert resumed.test == whole.test
+    tables = read_jsonl(tmp_path / "crashed" / "gsnr.jsonl")[-1]["tables"]
+    assert {"touched_rows", "multi_group_rows", "ratio", "frac_clipped", "raw_gsnr"} <= set(
+        tables[0]
+    )
+    result = json.loads((tmp_path / "crashed" / "result.json").read_text())
+    assert result["optimizers"]["sparse_gsnr_estimator"] == "ema"
