@@ -62,7 +62,7 @@ def main() -> None:
 
     def deferred(**kw) -> tuple[SparseRowwiseOptimizer, object]:
         ebc = FbgemmEmbeddingBagCollection(tables, "rowwise_adagrad", lr=0.01)
-        opt = SparseRowwiseOptimizer([ebc], lr=0.01, **kw)
+        opt = SparseRowwiseOptimizer(ebc.lookups(), lr=0.01, **kw)
 
         def run() -> None:
             for j, mb in enumerate(batches):

@@ -130,96 +130,39 @@ def replay_space(
         view(part, offsets).backward(grads[start : start + chunk_rows])
 
 
-class FbgemmEmbeddingBagCollection(nn.Module):
-    """A torchrec-compatible embedding-bag collection on one FBGEMM TBE (see module doc).
+class TBELookup:
+    """One FBGEMM TBE as a row-wise lookup of the sparse optimizer
+    (:class:`~dlrm_vrgd.optim.sparse.SparseRowwiseOptimizer`): its lookups are captured (so its
+    fused backward never runs during training) and its rows are updated once per step by replay
+    through its own fused kernel.
 
-    Args:
-        tables: torchrec table configs; all features of the input KJT, in this order.
-        optimizer: ``"rowwise_adagrad"`` (EXACT_ROWWISE_ADAGRAD) or ``"sgd"`` (EXACT_SGD).
-        lr, eps: fused optimizer hyper-parameters (the LR is reset at every step).
-        is_weighted: whether the input KJT carries per-id weights.
-        device: ``cpu`` or ``cuda``.
+    Works on any TBE — ours, or a shard that torchrec's DistributedModelParallel built — whose
+    tables are described by ``tbe.feature_table_map`` and ``tbe.embedding_specs``. A sharded
+    table's owner receives the bags of every rank, rank after rank: ``groups_per_call`` is then
+    the number of source ranks.
     """
 
     def __init__(
         self,
-        tables: list[EmbeddingBagConfig],
-        optimizer: str = "rowwise_adagrad",
-        lr: float = 0.01,
-        eps: float = 1e-8,
-        is_weighted: bool = False,
-        device: torch.device | str = "cpu",
+        tbe: SplitTableBatchedEmbeddingBagsCodegen,
+        table_names: list[str],
+        *,
+        weighted: bool = False,
+        groups_per_call: int = 1,
     ) -> None:
-        super().__init__()
-        if not tables:
-            raise ValueError("at least one embedding table is required")
-        if optimizer not in FUSED_OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {sorted(FUSED_OPTIMIZERS)}: {optimizer!r}")
-        poolings = {t.pooling for t in tables}
-        if len(poolings) != 1 or not poolings <= {PoolingType.SUM, PoolingType.MEAN}:
-            raise ValueError("all tables must share SUM or MEAN pooling")
-        pooling: Pooling = "sum" if tables[0].pooling == PoolingType.SUM else "mean"
-        device = torch.device(device)
-        self._configs = list(tables)
-        self._is_weighted = is_weighted
-        self.optimizer_name = optimizer
-        self.feature_names = [f for t in tables for f in t.feature_names]
-        feature_table = [i for i, t in enumerate(tables) for _ in t.feature_names]
-        on_gpu = device.type == "cuda"
-        self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            [
-                (
-                    t.num_embeddings,
-                    t.embedding_dim,
-                    EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST,
-                    ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU,
-                )
-                for t in tables
-            ],
-            feature_table_map=feature_table,
-            optimizer=FUSED_OPTIMIZERS[optimizer],
-            learning_rate=lr,
-            eps=eps,
-            pooling_mode=PoolingMode.SUM if pooling == "sum" else PoolingMode.MEAN,
-            device=device,
-        )
-        with torch.no_grad():
-            for t, w in zip(tables, self.tbe.split_embedding_weights(), strict=True):
-                bound = math.sqrt(1.0 / t.num_embeddings)
-                w.uniform_(-bound, bound)
+        specs = list(tbe.embedding_specs)
+        if len(table_names) != len(specs):
+            raise ValueError(f"{len(table_names)} names for {len(specs)} tables")
+        self.tbe = tbe
+        self.table_names = list(table_names)
+        self.table_rows = [int(spec[0]) for spec in specs]
         layout = LookupLayout.of(
-            feature_table, [t.embedding_dim for t in tables], [t.num_embeddings for t in tables]
+            list(tbe.feature_table_map), [int(spec[1]) for spec in specs], self.table_rows
         )
-        self.capture = LookupCapture(self.tbe, layout, pooling, weighted=is_weighted)
+        pooling: Pooling = "mean" if tbe.pooling_mode == PoolingMode.MEAN else "sum"
+        self.capture = LookupCapture(tbe, layout, pooling, groups_per_call, weighted)
         self._views: list[SplitTableBatchedEmbeddingBagsCodegen | None] = []
         self._views_key = -1
-        self._length_per_key = [t.embedding_dim for t in tables for _ in t.feature_names]
-
-    # -- torchrec EmbeddingBagCollection interface --------------------------------------
-    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
-        return self._configs
-
-    def is_weighted(self) -> bool:
-        return self._is_weighted
-
-    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        """``features``: KJT ``[F x B x L]`` → KeyedTensor ``B x ΣD`` (pooled per feature)."""
-        if features.keys() != self.feature_names:
-            features = features.permute([features.keys().index(k) for k in self.feature_names])
-        weights = features.weights() if self._is_weighted else None
-        pooled = self.tbe(features.values(), features.offsets(), per_sample_weights=weights)
-        return KeyedTensor(
-            keys=self.feature_names, length_per_key=self._length_per_key, values=pooled
-        )
-
-    # -- row-wise optimizer interface (used by SparseRowwiseOptimizer) -----------------
-    @property
-    def table_names(self) -> list[str]:
-        return [t.name for t in self._configs]
-
-    @property
-    def table_rows(self) -> list[int]:
-        return [t.num_embeddings for t in self._configs]
 
     def apply_rows(
         self, rows: list[torch.Tensor], grads: list[torch.Tensor], lr: float, chunk_rows: int
@@ -253,6 +196,112 @@ class FbgemmEmbeddingBagCollection(nn.Module):
 
     def row_states(self) -> list[torch.Tensor]:
         """The row-wise Adagrad sum of squares per table (empty tensors for SGD)."""
-        if self.optimizer_name != "rowwise_adagrad":
-            return [torch.zeros(0) for _ in self._configs]
+        if self.tbe.optimizer == EmbOptimType.EXACT_SGD:
+            return [torch.zeros(0) for _ in self.table_names]
         return [s[0] for s in self.tbe.split_optimizer_states()]
+
+
+def table_init(seed: int, table: int, rows: int, dim: int) -> torch.Tensor:
+    """The initial weights of table ``table``: ``U(−√(1/rows), √(1/rows))`` (torchrec's default
+    bounds) drawn from a generator seeded by ``(seed, table)`` alone, so that any process — one
+    that owns the whole table or one that owns a shard of it — draws the same values."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + table)
+    bound = math.sqrt(1.0 / rows)
+    return torch.empty(rows, dim).uniform_(-bound, bound, generator=gen)
+
+
+class FbgemmEmbeddingBagCollection(nn.Module):
+    """A torchrec-compatible embedding-bag collection on one FBGEMM TBE (see module doc).
+
+    Args:
+        tables: torchrec table configs; all features of the input KJT, in this order.
+        optimizer: ``"rowwise_adagrad"`` (EXACT_ROWWISE_ADAGRAD) or ``"sgd"`` (EXACT_SGD).
+        lr, eps: fused optimizer hyper-parameters (the LR is reset at every step).
+        is_weighted: whether the input KJT carries per-id weights.
+        device: ``cpu`` or ``cuda``.
+        seed: weights are drawn by :func:`table_init` (``None``: from the global RNG).
+    """
+
+    def __init__(
+        self,
+        tables: list[EmbeddingBagConfig],
+        optimizer: str = "rowwise_adagrad",
+        lr: float = 0.01,
+        eps: float = 1e-8,
+        is_weighted: bool = False,
+        device: torch.device | str = "cpu",
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        if not tables:
+            raise ValueError("at least one embedding table is required")
+        if optimizer not in FUSED_OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(FUSED_OPTIMIZERS)}: {optimizer!r}")
+        poolings = {t.pooling for t in tables}
+        if len(poolings) != 1 or not poolings <= {PoolingType.SUM, PoolingType.MEAN}:
+            raise ValueError("all tables must share SUM or MEAN pooling")
+        pooling = PoolingMode.SUM if tables[0].pooling == PoolingType.SUM else PoolingMode.MEAN
+        device = torch.device(device)
+        self._configs = list(tables)
+        self._is_weighted = is_weighted
+        self.feature_names = [f for t in tables for f in t.feature_names]
+        on_gpu = device.type == "cuda"
+        self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            [
+                (
+                    t.num_embeddings,
+                    t.embedding_dim,
+                    EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST,
+                    ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU,
+                )
+                for t in tables
+            ],
+            feature_table_map=[i for i, t in enumerate(tables) for _ in t.feature_names],
+            optimizer=FUSED_OPTIMIZERS[optimizer],
+            learning_rate=lr,
+            eps=eps,
+            pooling_mode=pooling,
+            device=device,
+        )
+        with torch.no_grad():
+            for i, (t, w) in enumerate(
+                zip(tables, self.tbe.split_embedding_weights(), strict=True)
+            ):
+                if seed is None:
+                    bound = math.sqrt(1.0 / t.num_embeddings)
+                    w.uniform_(-bound, bound)
+                else:
+                    w.copy_(table_init(seed, i, t.num_embeddings, t.embedding_dim))
+        self.lookup = TBELookup(self.tbe, [t.name for t in tables], weighted=is_weighted)
+        self._length_per_key = [t.embedding_dim for t in tables for _ in t.feature_names]
+
+    # -- torchrec EmbeddingBagCollection interface --------------------------------------
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        return self._configs
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """``features``: KJT ``[F x B x L]`` → KeyedTensor ``B x ΣD`` (pooled per feature)."""
+        if features.keys() != self.feature_names:
+            features = features.permute([features.keys().index(k) for k in self.feature_names])
+        weights = features.weights() if self._is_weighted else None
+        pooled = self.tbe(features.values(), features.offsets(), per_sample_weights=weights)
+        return KeyedTensor(
+            keys=self.feature_names, length_per_key=self._length_per_key, values=pooled
+        )
+
+    # -- for the sparse optimizer and for tests -----------------------------------------
+    def lookups(self) -> list[TBELookup]:
+        return [self.lookup]
+
+    @property
+    def capture(self) -> LookupCapture:
+        return self.lookup.capture
+
+    def table_weights(self) -> list[torch.Tensor]:
+        return self.lookup.table_weights()
+
+    def row_states(self) -> list[torch.Tensor]:
+        return self.lookup.row_states()

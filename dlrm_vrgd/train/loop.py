@@ -114,7 +114,7 @@ class Trainer:
         self.dense_opt = build_dense_optimizer(cfg.optim.dense, self.model.named_dense_parameters())
         sparse = cfg.optim.sparse
         self.sparse_opt = SparseRowwiseOptimizer(
-            [self.model.embeddings],
+            self.model.embeddings.lookups(),
             lr=sparse.lr,
             gsnr=sparse.gsnr,
             gamma=sparse.gamma,

@@ -43,7 +43,7 @@ def make(
 
 
 def run_deferred(ebc, bags, upstream, micro, chunk_rows=65_536, steps=1):
-    opt = SparseRowwiseOptimizer([ebc], lr=0.3, chunk_rows=chunk_rows)
+    opt = SparseRowwiseOptimizer(ebc.lookups(), lr=0.3, chunk_rows=chunk_rows)
     for _ in range(steps):
         for lo in range(0, bags.batch, micro):
             out = ebc(bags.kjt(lo, lo + micro)).values()

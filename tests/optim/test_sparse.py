@@ -30,7 +30,7 @@ def upstream_for(batch: int, seed: int = 0) -> torch.Tensor:
 
 
 def deferred_step(ebc, bags: Bags, upstream, k: int, **opt_kw) -> SparseRowwiseOptimizer:
-    opt = SparseRowwiseOptimizer([ebc], lr=LR, **opt_kw)
+    opt = SparseRowwiseOptimizer(ebc.lookups(), lr=LR, **opt_kw)
     opt.record_rows = True
     micro = bags.batch // k
     for g in range(k):
@@ -155,7 +155,7 @@ def test_ema_estimator_smooths_across_steps() -> None:
     """Two steps; the second step's raw ratio uses β-averaged row scalars."""
     beta, k = 0.5, 2
     ebc = make_ebc("sgd")
-    opt = SparseRowwiseOptimizer([ebc], lr=LR, gsnr=True, estimator="ema", ema_beta=beta)
+    opt = SparseRowwiseOptimizer(ebc.lookups(), lr=LR, gsnr=True, estimator="ema", ema_beta=beta)
     opt.record_rows = True
     bags = random_bags([r for r, _ in TABLES], batch=8, max_len=1, seed=11)
     history = []
@@ -193,4 +193,4 @@ def test_bad_arguments_are_named() -> None:
         ({"ema_beta": 1.0}, "ema_beta"),
     ):
         with pytest.raises(ValueError, match=match):
-            SparseRowwiseOptimizer([ebc], lr=0.1, gsnr=True, **kwargs)
+            SparseRowwiseOptimizer(ebc.lookups(), lr=0.1, gsnr=True, **kwargs)
