@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -71,23 +70,86 @@ def _print_result(result: Any) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from dlrm_vrgd.train.loop import train
+    from dlrm_vrgd.train import distributed
 
     cfg = load_config(args.config, args.set)
+    if cfg.run.world_size > 1 and not distributed.under_torchrun():
+        return _launch_torchrun(cfg, args)
+    if distributed.under_torchrun():
+        return _train_rank(cfg, args)
+    from dlrm_vrgd.train.loop import train
+
     result = train(cfg, args.out, callbacks=[ProgressLine()], resume=args.resume)
     _print_result(result)
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def _launch_torchrun(cfg: TrainConfig, args: argparse.Namespace) -> int:
+    """Check what can be checked once, then become torchrun running every rank."""
+    import os
+
+    from dlrm_vrgd.data import build_splits
+    from dlrm_vrgd.data.batch import TrainStream
+    from dlrm_vrgd.train import distributed
+    from dlrm_vrgd.train.loop import check_resume
+
+    check_resume(Path(args.out), cfg, args.resume)
+    TrainStream(build_splits(cfg.data).train, cfg.run.global_batch, cfg.run.micro_batch, 0)
+    argv = ["train", "--config", str(Path(args.config).resolve()), "--out", str(args.out)]
+    argv += [a for item in args.set for a in ("--set", item)]
+    argv += ["--resume"] if args.resume else []
+    cmd = distributed.torchrun_command(cfg, argv)
+    # the cores are shared by the ranks of this node (torchrun would otherwise pick 1 and say so)
+    threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // cfg.run.nproc_per_node)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    print(f"launching {cfg.run.world_size} ranks: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
+    os.execv(cmd[0], cmd)
+    return 1  # not reached
+
+
+def _train_rank(cfg: TrainConfig, args: argparse.Namespace) -> int:
+    """One rank under torchrun; rank 0 shows progress and the result."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from dlrm_vrgd.train import distributed
     from dlrm_vrgd.train.loop import train
 
-    cfg = load_config(REPO / "configs" / "demo.yaml", args.set)
-    out = Path(args.out or REPO / "runs" / time.strftime("demo-%Y%m%d-%H%M%S"))
-    print(f"demo: {cfg.run.global_batch}-row global batches on synthetic Criteo -> {out}")
-    result = train(cfg, out, callbacks=[ProgressLine()])
-    _print_result(result)
-    return 0
+    @record
+    def run() -> int:
+        env = distributed.init_from_env(cfg)
+        try:
+            callbacks = [ProgressLine()] if env.is_main else []
+            result = train(cfg, args.out, callbacks=callbacks, resume=args.resume, env=env)
+            if env.is_main:
+                _print_result(result)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        return 0
+
+    return run()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The demo job through the control service (see service/demo.py)."""
+    from service.demo import run_demo
+
+    return run_demo(
+        REPO / "configs" / "demo.yaml",
+        args.set,
+        Path(args.data_dir or REPO / "runs" / "service"),
+        keep_serving=args.keep_serving,
+        vr=not args.no_vr,
+        port=args.port,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The control service under uvicorn (see service/cli.py)."""
+    from service.cli import serve_main
+
+    return serve_main(args.host, args.port, args.data_dir, args.max_jobs, args.job_timeout)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -97,6 +159,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for split in args.split:
         paths = export_split(cfg, split, Path(args.out))
         print(f"{split}: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def cmd_preprocess(args: argparse.Namespace) -> int:
+    from dlrm_vrgd.data.criteo_preprocess import preprocess, summary_lines
+
+    result = preprocess(
+        args.input,
+        args.out,
+        fmt=args.format,
+        max_rows_per_table=args.max_rows_per_table,
+        frequency_threshold=args.frequency_threshold,
+        skip_bad_rows=args.skip_bad_rows,
+        rows_per_day=args.rows_per_day,
+        labels=args.labels,
+        dense_floor=args.dense_floor,
+        overwrite=args.overwrite,
+        workers=args.workers,
+        progress=not args.no_progress,
+    )
+    print("\n".join(summary_lines(result)))
     return 0
 
 
@@ -129,16 +212,46 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     t.set_defaults(fn=cmd_train)
 
-    d = sub.add_parser("demo", help="train configs/demo.yaml and print AUC beside the oracle")
+    d = sub.add_parser(
+        "demo", help="train configs/demo.yaml through the service; AUC beside the oracle"
+    )
     d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    d.add_argument("--out", help="run directory (default runs/demo-TIMESTAMP)")
+    d.add_argument("--data-dir", help="service data directory (default runs/service)")
+    d.add_argument("--port", type=int, help="service port (default: a free one)")
+    d.add_argument("--keep-serving", action="store_true", help="keep the service running after")
+    d.add_argument("--no-vr", action="store_true", help="keep the config's base optimizers")
     d.set_defaults(fn=cmd_demo)
+
+    s = sub.add_parser("serve", help="run the control service (REST API, see README)")
+    s.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="port (default 8000)")
+    s.add_argument("--data-dir", help="store and job files (default ~/.local/share/dlrm-vrgd)")
+    s.add_argument("--max-jobs", type=int, help="jobs running at once (default 1)")
+    s.add_argument("--job-timeout", type=float, help="default per-job timeout in seconds")
+    s.set_defaults(fn=cmd_serve)
 
     g = sub.add_parser("generate", help="write synthetic splits as npy files")
     with_config(g)
     g.add_argument("--split", action="append", choices=["train", "val", "test"], required=True)
     g.add_argument("--out", required=True, help="output directory")
     g.set_defaults(fn=cmd_generate)
+
+    pp = sub.add_parser("preprocess", help="raw Criteo logs (TSV/CSV, gzip) -> npy day files")
+    pp.add_argument("--input", nargs="+", required=True, metavar="PATH", help="files or dirs")
+    pp.add_argument("--out", required=True, help="output directory (appears when complete)")
+    pp.add_argument("--format", choices=["auto", "tsv", "csv"], default="auto")
+    pp.add_argument("--max-rows-per-table", metavar="N[,N...]", help="id %% N: one N or 26")
+    pp.add_argument(
+        "--frequency-threshold", type=int, default=0, metavar="F", help="ids seen < F times -> 0"
+    )
+    pp.add_argument("--skip-bad-rows", action="store_true", help="count malformed rows, go on")
+    pp.add_argument("--rows-per-day", type=int, metavar="R", help="cut each input into R-row days")
+    pp.add_argument("--labels", choices=["auto", "yes", "no"], default="auto")
+    pp.add_argument("--dense-floor", type=int, default=-3, help="x -> log(max(x,f) - f + 2)")
+    pp.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
+    pp.add_argument("--workers", type=int, help="parsing threads (default: all cores)")
+    pp.add_argument("--no-progress", action="store_true")
+    pp.set_defaults(fn=cmd_preprocess)
 
     c = sub.add_parser("config", help="print the resolved config")
     with_config(c, required=False)

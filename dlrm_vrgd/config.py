@@ -62,17 +62,43 @@ class SyntheticData(_Section):
 
 
 class CriteoData(_Section):
-    """Preprocessed Criteo day files in torchrec's npy layout (``dlrm-vrgd preprocess``)."""
+    """Preprocessed Criteo day files in torchrec's npy layout (``dlrm-vrgd preprocess``); see
+    :mod:`dlrm_vrgd.data.criteo`. Days default to: train = every labeled day but the last,
+    val and test = the last labeled day, divided at ``val_fraction`` (torchrec's convention).
+    Training rows are shuffled by blocks of ``shuffle_block_rows`` with ``run.seed``."""
 
     source: Literal["criteo"] = "criteo"
+    #: The directory `dlrm-vrgd preprocess --out` wrote (relative paths: from the working dir).
     path: Path
-    train_days: list[int] | None = None
-    val_days: list[int] | None = None
-    test_days: list[int] | None = None
+    train_days: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1)
+    val_days: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1)
+    test_days: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1)
+    #: Where val and test are the same days: the first fraction of their rows is val.
     val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.5
     max_val_rows: PositiveInt | None = 1_000_000
+    max_test_rows: PositiveInt | None = None
+    #: Read-time table cap (one for all tables, or 26): ids become ``id % cap``.
+    max_rows_per_table: PositiveInt | list[PositiveInt] | None = None
     shuffle_block_rows: PositiveInt = 65_536
-    seed: int = 0
+    #: Check every file's SHA-256 against the manifest when opening (sizes always are).
+    verify_checksums: bool = False
+
+    @model_validator(mode="after")
+    def _check_days(self) -> CriteoData:
+        for name in ("train_days", "val_days", "test_days"):
+            days = getattr(self, name)
+            if days is not None and len(set(days)) != len(days):
+                raise ValueError(f"{name} lists a day twice: {days}")
+        if self.train_days is not None:
+            for name in ("val_days", "test_days"):
+                both = set(self.train_days) & set(getattr(self, name) or [])
+                if both:
+                    raise ValueError(f"{name} {sorted(both)} are also train_days")
+        if isinstance(self.max_rows_per_table, list) and len(self.max_rows_per_table) != NUM_SPARSE:
+            raise ValueError(
+                f"max_rows_per_table: one value or {NUM_SPARSE}, got {len(self.max_rows_per_table)}"
+            )
+        return self
 
 
 DataConfig = Annotated[SyntheticData | CriteoData, Field(discriminator="source")]
@@ -175,6 +201,11 @@ class OptimConfig(_Section):
 
 
 # ------------------------------------------------------------------------------------ run
+TableSharding = Literal[
+    "table_wise", "column_wise", "table_column_wise", "row_wise", "data_parallel"
+]
+
+
 class RunConfig(_Section):
     global_batch: PositiveInt = 8192
     micro_batch: PositiveInt = 1024
@@ -193,33 +224,47 @@ class RunConfig(_Section):
     seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
     threads: PositiveInt | None = None
+    #: Processes per node, nodes (torchrun); world size W = nnodes x nproc_per_node.
     nproc_per_node: PositiveInt = 1
+    nnodes: PositiveInt = 1
+    #: c10d rendezvous HOST:PORT, required for nnodes > 1 (every node runs the same command).
+    rdzv_endpoint: str | None = None
+    rdzv_id: str = "dlrm-vrgd"
+    #: Sharding types the planner may use for the tables (W > 1). row_wise needs a GPU.
+    sharding: list[TableSharding] = Field(default_factory=lambda: ["table_wise"], min_length=1)
+    collective_timeout_s: PositiveInt = 600
 
     @model_validator(mode="after")
     def _check_batch(self) -> RunConfig:
         if self.steps is not None and self.epochs is not None:
             raise ValueError("set run.steps or run.epochs, not both")
-        per_rank, rem = divmod(self.global_batch, self.nproc_per_node)
+        world = self.world_size
+        per_rank, rem = divmod(self.global_batch, world)
         if rem:
             raise ValueError(
-                f"global_batch ({self.global_batch}) must be divisible by nproc_per_node "
-                f"({self.nproc_per_node})"
+                f"global_batch ({self.global_batch}) must be divisible by the world size "
+                f"nnodes x nproc_per_node ({world})"
             )
         if per_rank % self.micro_batch:
             raise ValueError(
-                f"global_batch / nproc_per_node ({per_rank}) must be a multiple of "
+                f"global_batch / world size ({per_rank}) must be a multiple of "
                 f"micro_batch ({self.micro_batch})"
+            )
+        if "data_parallel" in self.sharding:
+            raise ValueError(
+                "sharding: data_parallel tables would be trained by the dense optimizer, "
+                "silently ignoring the sparse (row-wise / GSNR) one; use table_wise or column_wise"
             )
         return self
 
     @property
     def world_size(self) -> int:
-        return self.nproc_per_node
+        return self.nnodes * self.nproc_per_node
 
     @property
     def accumulation_steps(self) -> int:
         """A: micro-batches per rank per global step."""
-        return self.global_batch // (self.nproc_per_node * self.micro_batch)
+        return self.global_batch // (self.world_size * self.micro_batch)
 
 
 class TrainConfig(_Section):

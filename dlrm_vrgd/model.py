@@ -1,4 +1,14 @@
-"""The click model: torchrec's DLRM / DLRM_DCN over deferred-update embedding tables."""
+"""The click model: torchrec's DLRM / DLRM_DCN over deferred-update embedding tables.
+
+``build_model`` picks the tables by backend and process layout:
+
+* one process, ``fbgemm``: :class:`~dlrm_vrgd.embedding.fbgemm.FbgemmEmbeddingBagCollection`
+  (one FBGEMM TBE, updated once per global step);
+* several processes, ``fbgemm``: torchrec's ``EmbeddingBagCollection`` on the meta device, to be
+  sharded by DistributedModelParallel (:mod:`dlrm_vrgd.train.distributed`);
+* ``torch``: the pure-PyTorch model of :mod:`dlrm_vrgd.torch_model` (no torchrec, no FBGEMM),
+  for hosts without the FBGEMM build.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +17,15 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchrec.models.dlrm import DLRM, DLRM_DCN
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from dlrm_vrgd.config import ModelConfig, SparseOptimConfig
+from dlrm_vrgd.config import ModelConfig, TrainConfig
 from dlrm_vrgd.data.batch import Batch, feature_names
-from dlrm_vrgd.embedding.fbgemm import FbgemmEmbeddingBagCollection
 
 
-def table_configs(cardinalities: list[int], embedding_dim: int) -> list[EmbeddingBagConfig]:
-    names = feature_names(len(cardinalities))
-    return [
-        EmbeddingBagConfig(
-            name=f"t_{name}",
-            embedding_dim=embedding_dim,
-            num_embeddings=int(n),
-            feature_names=[name],
-        )
-        for name, n in zip(names, cardinalities, strict=True)
-    ]
+def table_specs(cardinalities: list[int]) -> list[tuple[str, str, int]]:
+    """``(table name, feature name, rows)`` of every table, in feature order."""
+    return [(f"t_{f}", f, int(n)) for f, n in zip(feature_names(len(cardinalities)), cardinalities,
+                                                   strict=True)]  # fmt: skip
 
 
 class ClickModel(nn.Module):
@@ -33,41 +33,29 @@ class ClickModel(nn.Module):
     ``B x T`` categorical ids; ``forward`` returns ``B`` logits."""
 
     def __init__(
-        self,
-        cfg: ModelConfig,
-        cardinalities: list[int],
-        num_dense: int,
-        sparse: SparseOptimConfig,
-        device: torch.device | str = "cpu",
+        self, cfg: ModelConfig, embeddings: nn.Module, num_dense: int, device: torch.device
     ) -> None:
         super().__init__()
-        self.keys = feature_names(len(cardinalities))
-        tables = table_configs(cardinalities, cfg.embedding_dim)
-        embeddings = FbgemmEmbeddingBagCollection(
-            tables, optimizer=sparse.kernel, lr=sparse.lr, eps=sparse.eps, device=device
+        from torchrec.models.dlrm import DLRM, DLRM_DCN
+
+        self.keys = [f for c in embeddings.embedding_bag_configs() for f in c.feature_names]
+        common = dict(
+            embedding_bag_collection=embeddings,
+            dense_in_features=num_dense,
+            dense_arch_layer_sizes=list(cfg.dense_arch),
+            over_arch_layer_sizes=list(cfg.over_arch),
+            dense_device=device,
         )
         if cfg.arch == "dlrm":
-            self.dlrm: DLRM = DLRM(
-                embedding_bag_collection=embeddings,  # type: ignore[arg-type]
-                dense_in_features=num_dense,
-                dense_arch_layer_sizes=list(cfg.dense_arch),
-                over_arch_layer_sizes=list(cfg.over_arch),
-                dense_device=torch.device(device),
-            )
+            self.dlrm: nn.Module = DLRM(**common)
         else:
             self.dlrm = DLRM_DCN(
-                embedding_bag_collection=embeddings,  # type: ignore[arg-type]
-                dense_in_features=num_dense,
-                dense_arch_layer_sizes=list(cfg.dense_arch),
-                over_arch_layer_sizes=list(cfg.over_arch),
-                dcn_num_layers=cfg.dcn_num_layers,
-                dcn_low_rank_dim=cfg.dcn_low_rank_dim,
-                dense_device=torch.device(device),
+                **common, dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim
             )
 
     @property
-    def embeddings(self) -> FbgemmEmbeddingBagCollection:
-        return self.dlrm.sparse_arch.embedding_bag_collection  # type: ignore[return-value]
+    def embeddings(self) -> nn.Module:
+        return self.dlrm.sparse_arch.embedding_bag_collection
 
     def forward(self, batch: Batch) -> torch.Tensor:
         return self.dlrm(batch.dense, batch.kjt(self.keys)).squeeze(-1)
@@ -77,11 +65,47 @@ class ClickModel(nn.Module):
         logits = self(batch)
         return F.binary_cross_entropy_with_logits(logits, batch.labels), logits
 
-    def dense_parameters(self) -> Iterator[nn.Parameter]:
-        """Every parameter outside the embedding tables (those train with the sparse optimizer)."""
-        sparse = {id(p) for p in self.embeddings.parameters()}
-        return (p for p in self.parameters() if id(p) not in sparse)
-
     def named_dense_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        sparse = {id(p) for p in self.embeddings.parameters()}
-        return ((n, p) for n, p in self.named_parameters() if id(p) not in sparse)
+        """Every parameter outside the embedding tables (those train with the sparse optimizer)."""
+        return ((n, p) for n, p in self.named_parameters() if not n.startswith("dlrm.sparse_arch."))
+
+    def dense_parameters(self) -> Iterator[nn.Parameter]:
+        return (p for _, p in self.named_dense_parameters())
+
+
+def build_model(
+    cfg: TrainConfig,
+    cardinalities: list[int],
+    num_dense: int,
+    device: torch.device,
+    for_sharding: bool = False,
+) -> nn.Module:
+    """The model of ``cfg`` (see the module docstring for which tables it gets)."""
+    if cfg.model.embedding_backend == "torch":
+        if for_sharding:
+            raise ValueError(
+                "model.embedding_backend: torch runs on one process; several processes shard "
+                "the tables with torchrec, which needs the fbgemm backend"
+            )
+        from dlrm_vrgd.torch_model import TorchClickModel
+
+        return TorchClickModel(cfg, cardinalities, num_dense, device)
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+    dim = cfg.model.embedding_dim
+    tables = [
+        EmbeddingBagConfig(name=t, embedding_dim=dim, num_embeddings=n, feature_names=[f])
+        for t, f, n in table_specs(cardinalities)
+    ]
+    if for_sharding:
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+        embeddings: nn.Module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    else:
+        from dlrm_vrgd.embedding.fbgemm import FbgemmEmbeddingBagCollection
+
+        sparse = cfg.optim.sparse
+        embeddings = FbgemmEmbeddingBagCollection(
+            tables, sparse.kernel, lr=sparse.lr, eps=sparse.eps, device=device, seed=cfg.run.seed
+        )
+    return ClickModel(cfg.model, embeddings, num_dense, device)

@@ -14,12 +14,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm_vrgd.data.rows import Rows, RowSource
+
+if TYPE_CHECKING:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
 def feature_names(num_tables: int) -> list[str]:
@@ -58,6 +61,8 @@ class Batch:
 
     def kjt(self, keys: list[str]) -> KeyedJaggedTensor:
         """The categorical ids as a KeyedJaggedTensor ``[T x B x 1]`` (one id per bag)."""
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
         n, t = self.sparse.shape
         return KeyedJaggedTensor(
             keys=keys,
@@ -120,12 +125,3 @@ class TrainStream:
             raise IndexError(f"group {group} outside a global batch of {self.global_batch}")
         parts = [self.source.read(a, b) for a, b in self._segments(start, start + self.micro_batch)]
         return Rows.concat(parts)
-
-
-def iter_eval_batches(
-    source: RowSource, batch_rows: int, limit: int | None = None
-) -> Iterator[Batch]:
-    """The first ``limit`` rows of ``source`` (all when None) in batches of ``batch_rows``."""
-    stop = source.num_rows if limit is None else min(limit, source.num_rows)
-    for start in range(0, stop, batch_rows):
-        yield Batch.from_rows(source.read(start, min(start + batch_rows, stop)))

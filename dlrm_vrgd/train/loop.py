@@ -14,23 +14,31 @@ from __future__ import annotations
 import logging
 import platform
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from dlrm_vrgd.config import TrainConfig
 from dlrm_vrgd.data import DataSplits, RowSource, build_splits
-from dlrm_vrgd.data.batch import Batch, TrainStream, iter_eval_batches
-from dlrm_vrgd.metrics import EvalAccumulator
-from dlrm_vrgd.model import ClickModel
+from dlrm_vrgd.data.batch import Batch, TrainStream
+from dlrm_vrgd.model import build_model, table_specs
 from dlrm_vrgd.optim.dense import build_dense_optimizer
 from dlrm_vrgd.optim.schedule import batch_scale, lr_factor
 from dlrm_vrgd.optim.sparse import SparseRowwiseOptimizer
 from dlrm_vrgd.train import checkpoint as ckpt
 from dlrm_vrgd.train import rundir
+from dlrm_vrgd.train.distributed import (
+    DistEnv,
+    all_mean,
+    barrier,
+    gather_objects,
+    shard_model,
+    sharded_lookups,
+)
+from dlrm_vrgd.train.evaluate import EvalBatch, evaluate_share, rank_share
 
 logger = logging.getLogger(__name__)
 
@@ -82,49 +90,56 @@ class RunResult:
 
 
 class Trainer:
-    """Model, optimizers and data of one process (rank ``rank`` of ``world_size``)."""
+    """Model, optimizers and data of one process (rank ``env.rank`` of ``env.world_size``)."""
 
     def __init__(
-        self,
-        cfg: TrainConfig,
-        splits: DataSplits | None = None,
-        rank: int = 0,
-        world_size: int = 1,
+        self, cfg: TrainConfig, splits: DataSplits | None = None, env: DistEnv | None = None
     ) -> None:
         self.cfg = cfg
-        self.rank, self.world_size = rank, world_size
-        self.device = torch.device(cfg.run.device)
-        if cfg.run.threads:
-            torch.set_num_threads(cfg.run.threads)
-        self.splits = splits if splits is not None else build_splits(cfg.data)
+        self.env = env or DistEnv()
         run = cfg.run
-        self.A = run.global_batch // (world_size * run.micro_batch)
-        self.stream = TrainStream(
-            self.splits.train, run.global_batch, run.micro_batch, seed=run.seed
+        if self.env.world_size != run.world_size:
+            raise ValueError(
+                f"the config asks for {run.world_size} process(es), this is one of "
+                f"{self.env.world_size}: launch through `dlrm-vrgd train` (it starts torchrun)"
+            )
+        self.device = torch.device(
+            run.device, self.env.local_rank if run.device == "cuda" else None
         )
+        if run.threads:
+            torch.set_num_threads(run.threads)
+        self.splits = splits if splits is not None else build_splits(cfg.data)
+        self.A = run.accumulation_steps
+        self.stream = TrainStream(self.splits.train, run.global_batch, run.micro_batch, run.seed)
         self.total_steps = cfg.total_steps(self.splits.train.num_rows)
         torch.manual_seed(run.seed)
-        self.model = ClickModel(
-            cfg.model,
-            self.splits.cardinalities,
-            self.splits.num_dense,
-            cfg.optim.sparse,
-            device=self.device,
-        ).to(self.device)
-        self.dense_opt = build_dense_optimizer(cfg.optim.dense, self.model.named_dense_parameters())
+        cards, num_dense = self.splits.cardinalities, self.splits.num_dense
+        if self.env.distributed:
+            self.model = build_model(cfg, cards, num_dense, self.device, for_sharding=True)
+            self.sharded = shard_model(self.model, cfg, self.env)
+            names = [name for name, _, _ in table_specs(cards)]
+            self.lookups = sharded_lookups(self.model, self.env, run.seed, names)
+        else:
+            self.model = build_model(cfg, cards, num_dense, self.device).to(self.device)
+            self.lookups = self.model.embeddings.lookups()
+        pg = dist.group.WORLD if self.env.distributed else None
+        self.dense_opt = build_dense_optimizer(
+            cfg.optim.dense, self.model.named_dense_parameters(), process_group=pg
+        )
         sparse = cfg.optim.sparse
         self.sparse_opt = SparseRowwiseOptimizer(
-            self.model.embeddings.lookups(),
+            self.lookups,
             lr=sparse.lr,
             gsnr=sparse.gsnr,
             gamma=sparse.gamma,
             estimator=sparse.estimator,
             ema_beta=sparse.ema_beta,
             chunk_rows=sparse.replay_chunk_rows,
+            groups_per_collect=self.env.world_size,
         )
         self.step = 0
         self.best_val: dict[str, Any] | None = None
-        self._eval_cache: dict[tuple[int, int], list[Batch]] = {}
+        self._eval_cache: dict[tuple[int, int | None], list[EvalBatch]] = {}
 
     # ----------------------------------------------------------------------- train
     def set_learning_rates(self, step: int) -> tuple[float, float]:
@@ -139,7 +154,8 @@ class Trainer:
         return self.dense_opt.param_groups[0]["lr"], self.sparse_opt.param_groups[0]["lr"]
 
     def micro_batch(self, step: int, j: int) -> Batch:
-        group = self.rank * self.A + j
+        """Micro-batch ``j`` of this rank in global step ``step``: group ``rank·A + j``."""
+        group = self.env.rank * self.A + j
         return Batch.from_rows(self.stream.rows(step, group)).to(self.device)
 
     def train_step(self) -> dict[str, Any]:
@@ -160,12 +176,11 @@ class Trainer:
         self.sparse_opt.step()
         seconds = time.perf_counter() - t0
         self.step += 1
-        loss_value = float(torch.stack(losses).mean())
         record = {
             "step": self.step,
             "samples": self.step * self.cfg.run.global_batch,
             "epoch": round(self.stream.epoch(self.step), 6),
-            "loss": loss_value,
+            "loss": all_mean(float(torch.stack(losses).mean()), self.env),
             "lr_dense": lr_dense,
             "lr_sparse": lr_sparse,
             "step_seconds": seconds,
@@ -175,39 +190,46 @@ class Trainer:
         return record
 
     def gsnr_record(self) -> dict[str, Any]:
-        """Per-tensor (dense) and per-table (sparse) GSNR figures of the last step."""
-        return {
-            "step": self.step,
-            "dense": self.dense_opt.gsnr_summary(),
-            "tables": self.sparse_opt.summary(),
-        }
+        """Per-tensor (dense) and per-table (sparse, from every rank) GSNR figures of the last
+        step. A collective when distributed: every rank must call it."""
+        tables = [t for part in gather_objects(self.sparse_opt.summary(), self.env) for t in part]
+        return {"step": self.step, "dense": self.dense_opt.gsnr_summary(), "tables": tables}
 
     # ------------------------------------------------------------------------ eval
-    def _eval_batches(self, source: RowSource, limit: int | None) -> Iterable[Batch]:
-        """Eval batches; kept in memory when small (periodic evals reread the same rows)."""
-        rows = source.num_rows if limit is None else min(limit, source.num_rows)
-        if rows > EVAL_CACHE_ROWS:
-            return iter_eval_batches(source, self.cfg.run.eval_batch, limit)
-        key = (id(source), rows)
-        if key not in self._eval_cache:
-            self._eval_cache[key] = list(iter_eval_batches(source, self.cfg.run.eval_batch, limit))
-        return self._eval_cache[key]
-
-    @torch.no_grad()
     def evaluate(self, source: RowSource, limit: int | None = None) -> dict[str, float]:
+        """Model and oracle metrics of the first ``limit`` rows of ``source`` (every rank
+        scores a share; a collective when distributed)."""
+        key = (id(source), limit)
+        batches = self._eval_cache.get(key)
+        if batches is None:
+            batches = rank_share(source, self.cfg.run.eval_batch, self.env, limit)
+            rows = source.num_rows if limit is None else min(limit, source.num_rows)
+            if rows <= EVAL_CACHE_ROWS:  # periodic evals reread the same rows
+                self._eval_cache[key] = batches
         self.model.eval()
-        acc = EvalAccumulator()
-        for batch in self._eval_batches(source, limit):
-            batch = batch.to(self.device)
-            acc.update(torch.sigmoid(self.model(batch)), batch.labels, batch.probs)
-        self.model.train()
-        return acc.compute()
+        try:
+            return evaluate_share(
+                lambda b: torch.sigmoid(self.model(b)), batches, self.env, self.device
+            )
+        finally:
+            self.model.train()
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
+        """This rank's state: dense parameters, its tables (weights + row-wise optimizer state),
+        both optimizers, step, RNG, config."""
         return {
             "step": self.step,
-            "model": self.model.state_dict(),
+            "world_size": self.env.world_size,
+            "dense": {n: p.detach().clone() for n, p in self.model.named_dense_parameters()},
+            "tables": [
+                {
+                    "names": lk.table_names,
+                    "weights": [w.detach().clone() for w in lk.table_weights()],
+                    "states": [s.detach().clone() for s in lk.row_states()],
+                }
+                for lk in self.lookups
+            ],
             "dense_opt": self.dense_opt.state_dict(),
             "sparse_opt": self.sparse_opt.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
@@ -216,18 +238,41 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        saved = [t["names"] for t in state["tables"]]
+        mine = [lk.table_names for lk in self.lookups]
+        if saved != mine:
+            raise ckpt.CheckpointError(
+                f"rank {self.env.rank}: checkpoint holds tables {saved}, this run has {mine} "
+                "(a different sharding plan?)"
+            )
+        with torch.no_grad():
+            params = dict(self.model.named_dense_parameters())
+            for name, value in state["dense"].items():
+                params[name].copy_(value)
+            for lk, tables in zip(self.lookups, state["tables"], strict=True):
+                for w, w0 in zip(lk.table_weights(), tables["weights"], strict=True):
+                    w.copy_(w0)
+                for s, s0 in zip(lk.row_states(), tables["states"], strict=True):
+                    s.copy_(s0)
         self.dense_opt.load_state_dict(state["dense_opt"])
         self.sparse_opt.load_state_dict(state["sparse_opt"])
         torch.set_rng_state(state["rng"]["torch"])
         self.step = int(state["step"])
         self.best_val = state.get("best_val")
 
-    def save_checkpoint(self, out_dir: Path) -> Path:
-        ckpt.write_rank_state(out_dir, self.step, self.rank, self.state_dict())
-        return ckpt.publish(
-            out_dir, self.step, self.world_size, self.cfg.to_dict(), self.cfg.run.keep_checkpoints
-        )
+    def save_checkpoint(self, out_dir: Path) -> None:
+        """Every rank writes its state; rank 0 seals the checkpoint once all have."""
+        ckpt.write_rank_state(out_dir, self.step, self.env.rank, self.state_dict())
+        barrier(self.env)
+        if self.env.is_main:
+            ckpt.publish(
+                out_dir,
+                self.step,
+                self.env.world_size,
+                self.cfg.to_dict(),
+                self.cfg.run.keep_checkpoints,
+            )
+        barrier(self.env)
 
 
 def compact_gsnr(summary: list[dict[str, Any]]) -> dict[str, float]:
@@ -259,12 +304,36 @@ def _versions() -> dict[str, str]:
     import importlib.metadata as md
 
     out = {"python": platform.python_version(), "torch": torch.__version__}
-    for dist in ("fbgemm-gpu-cpu", "fbgemm-gpu", "torchrec", "dlrm-vrgd"):
+    for package in ("fbgemm-gpu-cpu", "fbgemm-gpu", "torchrec", "dlrm-vrgd"):
         try:
-            out[dist] = md.version(dist)
+            out[package] = md.version(package)
         except md.PackageNotFoundError:
             pass
     return out
+
+
+def check_resume(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
+    """The checkpoint to resume from (None: start afresh), or a clear error before any work."""
+    if not resume:
+        if (out / rundir.CONFIG).exists():
+            raise FileExistsError(f"{out} already holds a run: pass --resume or another --out")
+        return None
+    latest = ckpt.latest_checkpoint(out)
+    if latest is None:
+        return None
+    manifest = ckpt.read_manifest(latest)
+    if manifest["world_size"] != cfg.run.world_size:
+        raise ValueError(
+            f"cannot resume {out}: {latest.name} was written by {manifest['world_size']} "
+            f"rank(s) and its tables are sharded for that many; resume with "
+            f"run.nnodes x run.nproc_per_node = {manifest['world_size']}"
+        )
+    changed = [
+        k for k in config_changes(manifest["config"], cfg.to_dict()) if k not in RESUMABLE_CHANGES
+    ]
+    if changed:
+        raise ValueError(f"cannot resume {out}: config differs in {', '.join(changed)}")
+    return latest
 
 
 def train(
@@ -272,33 +341,35 @@ def train(
     out_dir: str | Path | None = None,
     callbacks: list[Callback] | tuple[Callback, ...] = (),
     resume: bool = False,
+    env: DistEnv | None = None,
 ) -> RunResult:
     """Run the job described by ``cfg``; write the run directory when ``out_dir`` is given.
 
     With ``resume``, continue from the newest checkpoint in ``out_dir`` (records written after
     that checkpoint by the interrupted run are dropped), else ``out_dir`` must not hold a run.
+    Under torchrun, every rank calls this with its ``env``; rank 0 writes the run directory and
+    runs the callbacks, all ranks write their checkpoint shards.
     """
-    trainer = Trainer(cfg)  # everything that can fail on bad input fails before any write
+    env = env or DistEnv()
     out = Path(out_dir) if out_dir is not None else None
-    latest = None
-    if out is not None:
-        latest = ckpt.latest_checkpoint(out) if resume else None
-        if not resume and (out / rundir.CONFIG).exists():
-            raise FileExistsError(f"{out} already holds a run: pass --resume or another --out")
-        if latest is not None:
-            old = ckpt.read_manifest(latest)["config"]
-            changed = [k for k in config_changes(old, cfg.to_dict()) if k not in RESUMABLE_CHANGES]
-            if changed:
-                raise ValueError(f"cannot resume {out}: config differs in {', '.join(changed)}")
-            trainer.load_state_dict(ckpt.load_rank_state(latest, 0))
-            logger.info("resumed from %s", latest)
+    latest = check_resume(out, cfg, resume) if out is not None else None
+    trainer = Trainer(cfg, env=env)  # everything that can fail on bad input fails before writes
+    main = env.is_main
+    if latest is not None:
+        trainer.load_state_dict(ckpt.load_rank_state(latest, env.rank))
+        logger.info("rank %d resumed from %s", env.rank, latest)
+    writing = out is not None and main
+    if writing:
+        assert out is not None
         out.mkdir(parents=True, exist_ok=True)
         for name in (rundir.METRICS, rundir.GSNR):
             rundir.truncate_jsonl_after(out / name, trainer.step)
         (out / rundir.RESULT).unlink(missing_ok=True)
         rundir.atomic_write_json(out / rundir.CONFIG, cfg.to_dict())
-    metrics = rundir.JsonlWriter(out / rundir.METRICS) if out else None
-    gsnr = rundir.JsonlWriter(out / rundir.GSNR) if out else None
+    barrier(env)
+    metrics = rundir.JsonlWriter(out / rundir.METRICS) if writing else None  # type: ignore[operator]
+    gsnr = rundir.JsonlWriter(out / rundir.GSNR) if writing else None  # type: ignore[operator]
+    callbacks = callbacks if main else ()
     run = cfg.run
     info = {
         "total_steps": trainer.total_steps,
@@ -306,6 +377,7 @@ def train(
         "global_batch": run.global_batch,
         "micro_batch": run.micro_batch,
         "accumulation": trainer.A,
+        "world_size": env.world_size,
         "train_rows": trainer.splits.train.num_rows,
     }
     for cb in callbacks:
@@ -321,8 +393,10 @@ def train(
             losses.append(record["loss"])
             if metrics and (record["step"] % run.log_every == 0 or record["step"] == 1):
                 metrics.write({"kind": "train", **record})
-            if gsnr and (record["step"] % run.gsnr_every == 0 or record["step"] == 1):
-                gsnr.write(trainer.gsnr_record())
+            if out is not None and (record["step"] % run.gsnr_every == 0 or record["step"] == 1):
+                gsnr_record = trainer.gsnr_record()  # collective
+                if gsnr:
+                    gsnr.write(gsnr_record)
             for cb in callbacks:
                 cb.on_step(record)
             last = trainer.step == trainer.total_steps
@@ -364,36 +438,43 @@ def train(
         eval_seconds=eval_s,
         out_dir=out,
     )
-    if out:
-        trained = result.samples - samples_before
-        rundir.atomic_write_json(
-            out / rundir.RESULT,
-            {
-                "steps": result.steps,
-                "samples": result.samples,
-                "final_loss": losses[-1] if losses else None,
-                "val": result.val,
-                "test": result.test,
-                "best_val": result.best_val,
-                "timings": {
-                    "train_seconds": train_s,
-                    "eval_seconds": eval_s,
-                    "rows_per_s": trained / train_s if train_s > 0 else None,
-                },
-                "optimizers": {
-                    "dense": cfg.optim.dense.name,
-                    "sparse": cfg.optim.sparse.name,
-                    "sparse_gsnr_estimator": (
-                        cfg.optim.sparse.estimator if cfg.optim.sparse.gsnr else None
-                    ),
-                },
-                "config": cfg.to_dict(),
-                "versions": _versions(),
-            },
-        )
+    if writing:
+        assert out is not None
+        _write_result(out, cfg, result, result.samples - samples_before, env)
+    barrier(env)
     for cb in callbacks:
         cb.on_end(result)
     return result
+
+
+def _write_result(
+    out: Path, cfg: TrainConfig, result: RunResult, trained: int, env: DistEnv
+) -> None:
+    sparse = cfg.optim.sparse
+    rundir.atomic_write_json(
+        out / rundir.RESULT,
+        {
+            "steps": result.steps,
+            "samples": result.samples,
+            "final_loss": result.losses[-1] if result.losses else None,
+            "val": result.val,
+            "test": result.test,
+            "best_val": result.best_val,
+            "timings": {
+                "train_seconds": result.train_seconds,
+                "eval_seconds": result.eval_seconds,
+                "rows_per_s": trained / result.train_seconds if result.train_seconds > 0 else None,
+            },
+            "world_size": env.world_size,
+            "optimizers": {
+                "dense": cfg.optim.dense.name,
+                "sparse": sparse.name,
+                "sparse_gsnr_estimator": sparse.estimator if sparse.gsnr else None,
+            },
+            "config": cfg.to_dict(),
+            "versions": _versions(),
+        },
+    )
 
 
 def _eval_record(trainer: Trainer, split: str, limit: int | None) -> dict[str, Any]:

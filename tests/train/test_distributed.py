@@ -1,0 +1,180 @@
+"""Several processes through the real CLI and torchrun (gloo): equivalence with one process,
+sharded checkpoints, and failure of a rank."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from dlrm_vrgd.train.rundir import read_jsonl
+
+from ..conftest import tiny_config_dict
+
+OPTIM = {
+    "dense": {"name": "vradam", "lr": 0.01, "gamma": 0.3},
+    "sparse": {"name": "gsnr_rowwise_adagrad", "lr": 0.1, "gamma": 0.3},
+}
+
+
+def write_config(path: Path, nproc: int, **run: object) -> Path:
+    raw = tiny_config_dict(
+        run={"nproc_per_node": nproc, "micro_batch": 32, "steps": 6, "checkpoint_every": 3, **run},
+        optim=OPTIM,
+    )
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dlrm_vrgd.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def train(tmp: Path, name: str, nproc: int, *sets: str, **run: object) -> Path:
+    out = tmp / name
+    cfg = write_config(tmp / f"{name}.yaml", nproc, **run)
+    args = ["train", "--config", str(cfg), "--out", str(out)]
+    for s in sets:
+        args += ["--set", s]
+    proc = cli(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"}
+
+
+def final_state(run: Path, step: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Dense parameters (rank 0) and every table, gathered from all ranks' shards."""
+    ckpt = run / "checkpoints" / f"step_{step:08d}"
+    states = [torch.load(p, weights_only=False) for p in sorted(ckpt.glob("rank*.pt"))]
+    tables = {
+        n: w
+        for s in states
+        for t in s["tables"]
+        for n, w in zip(t["names"], t["weights"], strict=True)
+    }
+    return states[0]["dense"], tables
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("dist")
+    return {"one": train(tmp, "one", 1), "two": train(tmp, "two", 2), "tmp": tmp}
+
+
+def assert_same_model(a: Path, b: Path, step: int) -> None:
+    dense_a, tables_a = final_state(a, step)
+    dense_b, tables_b = final_state(b, step)
+    assert dense_a.keys() == dense_b.keys() and tables_a.keys() == tables_b.keys()
+    for name in dense_a:
+        torch.testing.assert_close(dense_a[name], dense_b[name], rtol=1e-5, atol=1e-6)
+    for name in tables_a:
+        torch.testing.assert_close(tables_a[name], tables_b[name], rtol=1e-5, atol=1e-6)
+
+
+def test_two_ranks_equal_one_rank_with_twice_the_micro_batches(runs: dict[str, Path]) -> None:
+    """G = 256: one process runs 8 micro-batches of 32, two run 4 each over the same rows;
+    VR-Adam dense and GSNR row-wise Adagrad sparse, tables sharded table-wise."""
+    one, two = losses(runs["one"]), losses(runs["two"])
+    assert list(one) == list(two) == [1, 2, 3, 4, 5, 6]
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=1e-5)
+    assert_same_model(runs["one"], runs["two"], 6)
+    # every table lives on exactly one rank, and both ranks own some
+    owners = [
+        [n for t in torch.load(p, weights_only=False)["tables"] for n in t["names"]]
+        for p in sorted((runs["two"] / "checkpoints" / "step_00000006").glob("rank*.pt"))
+    ]
+    assert len(owners) == 2 and all(owners) and not set(owners[0]) & set(owners[1])
+    gsnr = read_jsonl(runs["two"] / "gsnr.jsonl")[-1]
+    assert sorted(t["table"] for t in gsnr["tables"]) == sorted(owners[0] + owners[1])
+    assert all(0.3 <= t["ratio"] <= 1 for t in gsnr["tables"])
+    test_one = [r for r in read_jsonl(runs["one"] / "metrics.jsonl") if r.get("split") == "test"]
+    test_two = [r for r in read_jsonl(runs["two"] / "metrics.jsonl") if r.get("split") == "test"]
+    assert test_two[0]["auc"] == pytest.approx(test_one[0]["auc"], abs=1e-5)
+    assert test_two[0]["rows"] == test_one[0]["rows"] == 1024
+
+
+def test_column_wise_sharding_matches_one_rank(runs: dict[str, Path]) -> None:
+    tmp = runs["tmp"]
+    sets = ("optim.sparse.name=sgd", "optim.dense.name=adamw", "run.steps=3")
+    one = train(tmp, "cw_one", 1, *sets)
+    two = train(tmp, "cw_two", 2, *sets, "run.sharding=[column_wise]")
+    assert losses(two) == pytest.approx(losses(one), rel=1e-5)
+    assert_same_model(one, two, 3)
+
+
+def test_sharded_checkpoint_resumes_on_two_ranks_exactly(runs: dict[str, Path]) -> None:
+    tmp = runs["tmp"]
+    part = train(tmp, "part", 2, "run.steps=3")
+    cfg = write_config(tmp / "part.yaml", 2)
+    proc = cli("train", "--config", str(cfg), "--out", str(part), "--resume")  # steps back to 6
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    whole = losses(runs["two"])
+    resumed = losses(part)
+    assert resumed == whole  # bit for bit, steps 1-3 from the first run, 4-6 after the resume
+    assert_same_model(runs["two"], part, 6)
+
+
+def test_resume_on_one_rank_is_refused_clearly(runs: dict[str, Path]) -> None:
+    tmp = runs["tmp"]
+    cfg = write_config(tmp / "one_rank.yaml", 1, steps=8)
+    proc = cli("train", "--config", str(cfg), "--out", str(runs["two"]), "--resume")
+    assert proc.returncode == 2
+    assert "written by 2 rank(s)" in proc.stderr and "= 2" in proc.stderr
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        out += [int(c) for c in text]
+    return out
+
+
+def test_a_dying_rank_fails_the_job_fast(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "long.yaml", 2, steps=100_000, checkpoint_every=0)
+    out = tmp_path / "long"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlrm_vrgd.cli", "train", "--config", str(cfg), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not losses(out) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        assert losses(out), "training never started"
+        workers = _children(proc.pid)  # the CLI became torchrun; its children are the ranks
+        assert len(workers) == 2
+        os.kill(workers[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert elapsed < 45, f"the job took {elapsed:.0f}s to notice"
+    assert "FAILED" in stderr and "Signal 9" in stderr
+    for pid in workers:
+        assert (
+            not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+        )
