@@ -1,0 +1,66 @@
+"""``/jobs/{id}/result``, ``/logs`` and ``/artifacts``: what a job leaves behind."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse, PlainTextResponse
+
+from service.api.deps import JobId, ServiceDep
+from service.api.responses import INVALID, NOT_FOUND
+from service.schemas import ArtifactPublic, ArtifactsPublic
+
+router = APIRouter(prefix="/jobs", tags=["artifacts"])
+
+
+@router.get("/{job_id}/result", response_model=dict[str, Any], responses={**NOT_FOUND})
+def get_result(job_id: JobId, service: ServiceDep) -> dict[str, Any]:
+    """The run's result.json: final val/test metrics beside the oracle's, best val AUC,
+    timings, optimizers, config, versions. 404 until the job has succeeded."""
+    return service.result(job_id)
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+        **NOT_FOUND,
+    },
+)
+def get_logs(
+    job_id: JobId,
+    service: ServiceDep,
+    tail: Annotated[int, Query(ge=1, le=10_000, description="Last N lines")] = 100,
+) -> PlainTextResponse:
+    """The last lines of the job's stdout and stderr (progress-bar redraws collapsed)."""
+    lines = service.log_tail(job_id, tail)
+    return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
+
+
+@router.get("/{job_id}/artifacts", response_model=ArtifactsPublic, responses={**NOT_FOUND})
+def list_artifacts(job_id: JobId, service: ServiceDep) -> ArtifactsPublic:
+    """Files of the run directory: config.json, metrics.jsonl, gsnr.jsonl, result.json,
+    checkpoints/step_XXXXXXXX/{rank0.pt,manifest.json}."""
+    found = service.artifacts(job_id)
+    return ArtifactsPublic(
+        data=[ArtifactPublic(path=a.path, bytes=a.bytes, modified_at=a.modified_at) for a in found],
+        count=len(found),
+    )
+
+
+@router.get(
+    "/{job_id}/artifacts/{path:path}",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {"schema": {"type": "string"}}}},
+        **NOT_FOUND,
+        **INVALID,
+    },
+)
+def get_artifact(job_id: JobId, path: str, service: ServiceDep) -> FileResponse:
+    """Download one artifact. Paths are relative to the run directory; absolute paths,
+    ``..`` segments and anything resolving outside the run directory are refused."""
+    target = service.artifact_path(job_id, path)
+    return FileResponse(target, filename=target.name)

@@ -1,0 +1,68 @@
+"""``/jobs``: submit, list, get, cancel, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from service.api.deps import JobId, ServiceDep
+from service.api.responses import CONFLICT, INVALID, NOT_FOUND
+from service.jobs.states import JobKind, JobState
+from service.schemas import JobCreate, JobPublic, JobsPublic
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobPublic,
+    responses={**INVALID},
+)
+def create_job(body: JobCreate, service: ServiceDep, response: Response) -> JobPublic:
+    """Queue a job. The config is validated by the trainer's own TrainConfig model: unknown
+    keys and bad values answer 422 naming the field, and nothing is stored."""
+    job = service.submit(body)
+    response.headers["Location"] = f"/api/v1/jobs/{job.id}"
+    return JobPublic.from_job(job)
+
+
+@router.get("", response_model=JobsPublic, responses={**INVALID})
+def list_jobs(
+    service: ServiceDep,
+    state: Annotated[list[JobState], Query(description="Keep jobs in these states")] = [],  # noqa: B006
+    kind: Annotated[JobKind | None, Query()] = None,
+    name: Annotated[
+        str | None, Query(max_length=200, description="Keep jobs whose name contains this")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
+) -> JobsPublic:
+    """Jobs, newest first; ``count`` is the number matching the filters."""
+    jobs, count = service.list_jobs(state, kind, name, limit, offset)
+    return JobsPublic(data=[JobPublic.from_job(j) for j in jobs], count=count)
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses={**NOT_FOUND})
+def get_job(job_id: JobId, service: ServiceDep) -> JobPublic:
+    return JobPublic.from_job(service.get(job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic, responses={**NOT_FOUND, **CONFLICT})
+async def cancel_job(job_id: JobId, service: ServiceDep) -> JobPublic:
+    """Cancel a queued or running job: SIGTERM to its process group, SIGKILL after the grace
+    period. Answers once no process of the job is left (state ``cancelled``, or whatever the
+    job reached first). 409 for a finished job."""
+    return JobPublic.from_job(await service.cancel(job_id))
+
+
+@router.delete(
+    "/{job_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses={**NOT_FOUND, **CONFLICT},
+)
+def delete_job(job_id: JobId, service: ServiceDep) -> Response:
+    """Forget a finished job and delete its files (409 while queued or running)."""
+    service.delete(job_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,189 @@
+"""A small synchronous client of the service API (httpx), with server-sent-event parsing.
+
+Used by ``dlrm-vrgd demo``, the load bench and the tests; a handy start for scripts too::
+
+    client = ServiceClient("http://127.0.0.1:8000", token)
+    job = client.submit("my-run", config_dict)
+    for event in client.events(job["id"]):
+        ...
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+API = "/api/v1"
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class ApiError(RuntimeError):
+    """A 4xx/5xx answer; ``detail`` is the decoded body."""
+
+    def __init__(self, status_code: int, detail: Any) -> None:
+        super().__init__(f"HTTP {status_code}: {detail}")
+        self.status_code = status_code
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Event:
+    """One server-sent event: ``event`` name, ``data`` decoded from JSON, ``id`` if any."""
+
+    event: str
+    data: Any
+    id: int | None
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[Event]:
+    """Events from the lines of a ``text/event-stream`` body (comments skipped)."""
+    name, data, event_id = "message", [], None
+    for line in lines:
+        if line == "":
+            if data:
+                text = "\n".join(data)
+                try:
+                    payload: Any = json.loads(text)
+                except ValueError:
+                    payload = text
+                yield Event(name, payload, event_id)
+            name, data, event_id = "message", [], None
+            continue
+        if line.startswith(":"):
+            continue
+        key, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if key == "event":
+            name = value
+        elif key == "data":
+            data.append(value)
+        elif key == "id":
+            event_id = int(value) if value.isdigit() else None
+
+
+class ServiceClient:
+    """Calls ``/api/v1`` with the bearer token; raises :class:`ApiError` on 4xx/5xx."""
+
+    def __init__(self, base_url: str, token: str | None, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def url(self, path: str) -> str:
+        return f"{self.base_url}{API}{path}"
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.http.request(method, f"{API}{path}", **kwargs)
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail")
+            except ValueError:
+                detail = response.text
+            raise ApiError(response.status_code, detail)
+        if response.status_code == 204:
+            return None
+        return response.json()
+
+    # ---------------------------------------------------------------------------- calls
+    def health(self) -> dict[str, Any]:
+        return self._json("GET", "/health")
+
+    def submit(
+        self, name: str, config: dict[str, Any], timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "config": config}
+        if timeout_s is not None:
+            body["timeout_s"] = timeout_s
+        return self._json("POST", "/jobs", json=body)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/jobs/{job_id}")
+
+    def jobs(self, **params: Any) -> dict[str, Any]:
+        return self._json("GET", "/jobs", params=params)
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/jobs/{job_id}/cancel")
+
+    def delete(self, job_id: str) -> None:
+        self._json("DELETE", f"/jobs/{job_id}")
+
+    def metrics(self, job_id: str, **params: Any) -> dict[str, Any]:
+        return self._json("GET", f"/jobs/{job_id}/metrics", params=params)
+
+    def gsnr(self, job_id: str, **params: Any) -> dict[str, Any]:
+        return self._json("GET", f"/jobs/{job_id}/gsnr", params=params)
+
+    def result(self, job_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/jobs/{job_id}/result")
+
+    def artifacts(self, job_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/jobs/{job_id}/artifacts")
+
+    def download(self, job_id: str, path: str) -> bytes:
+        response = self.http.get(f"{API}/jobs/{job_id}/artifacts/{path}")
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, response.text)
+        return response.content
+
+    def logs(self, job_id: str, tail: int = 100) -> str:
+        response = self.http.get(f"{API}/jobs/{job_id}/logs", params={"tail": tail})
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, response.text)
+        return response.text
+
+    def wait(self, job_id: str, timeout: float = 300.0, poll: float = 0.25) -> dict[str, Any]:
+        """Poll until the job is finished; the final job (TimeoutError after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["state"] in TERMINAL:
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['state']} after {timeout:.0f} s")
+            time.sleep(poll)
+
+    def events(self, job_id: str, after: int | None = None, reconnect: int = 5) -> Iterator[Event]:
+        """Follow the job's event stream until its ``end`` event, reconnecting (from the last
+        event id) up to ``reconnect`` times when the connection drops."""
+        last = after
+        failures = 0
+        while True:
+            headers = {"Last-Event-ID": str(last)} if last is not None else {}
+            try:
+                with self.http.stream(
+                    "GET",
+                    f"{API}/jobs/{job_id}/events",
+                    headers=headers,
+                    timeout=httpx.Timeout(self.http.timeout.connect, read=None),
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        raise ApiError(response.status_code, response.text)
+                    for event in parse_sse(response.iter_lines()):
+                        if event.id is not None:
+                            last = event.id
+                        yield event
+                        if event.event == "end":
+                            return
+            except (httpx.TransportError, httpx.RemoteProtocolError):
+                failures += 1
+                if failures > reconnect:
+                    raise
+                time.sleep(min(2.0, 0.2 * failures))
+                continue
+            return

@@ -1,0 +1,190 @@
+"""A job's files: its directory layout, log tail, and safe access to run-directory artifacts.
+
+```
+DATA_DIR/jobs/<id>/
+  config.yaml   the submitted config, resolved (what the trainer is started with)
+  train.log     the trainer's stdout and stderr
+  run/          the run directory (dlrm_vrgd.train.rundir): metrics.jsonl, gsnr.jsonl,
+                checkpoints/, result.json
+```
+
+Artifact names are relative paths inside ``run/``. A name with an absolute path, a ``..`` or
+``.`` segment, a backslash or a control character is refused as invalid input; a name that
+resolves (through symlinks) outside ``run/``, or into a hidden staging entry, is not found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from service.errors import ArtifactNotFound, InvalidInput
+
+CONFIG = "config.yaml"
+LOG = "train.log"
+RUN = "run"
+RESULT = "result.json"
+METRICS = "metrics.jsonl"
+GSNR = "gsnr.jsonl"
+
+_BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
+#: Bytes read from the end of a log to find its last lines.
+_TAIL_BYTES = 256 << 10
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """Paths of one job."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG
+
+    @property
+    def log(self) -> Path:
+        return self.root / LOG
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / RUN
+
+    @property
+    def result(self) -> Path:
+        return self.run_dir / RESULT
+
+    @property
+    def metrics(self) -> Path:
+        return self.run_dir / METRICS
+
+    @property
+    def gsnr(self) -> Path:
+        return self.run_dir / GSNR
+
+
+def write_config(path: Path, config: dict[str, Any]) -> None:
+    """Write the config YAML atomically (temporary file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+    os.replace(tmp, path)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a job directory: renamed aside first, so a half-removed one is never seen."""
+    if not path.exists():
+        return
+    trash = path.with_name(f".deleted-{path.name}")
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def read_result(files: JobFiles) -> dict[str, Any] | None:
+    """The run's result.json, or None when absent or unreadable."""
+    try:
+        data = json.loads(files.result.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def tail_lines(path: Path, n: int) -> list[str]:
+    """The last ``n`` lines of a log as a terminal would show them: a carriage return (progress
+    bars) overwrites its line, so only each line's last segment is kept."""
+    if n <= 0:
+        return []
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - _TAIL_BYTES))
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    text = data.decode("utf-8", errors="replace")
+    lines = []
+    for raw in text.split("\n"):
+        segments = [s for s in raw.split("\r") if s.strip()]
+        lines.append(segments[-1].rstrip() if segments else "")
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines[-n:]
+
+
+def check_artifact_name(name: str) -> str:
+    """Validate a relative artifact path; raise :class:`InvalidInput` naming ``path``."""
+    if not name or len(name) > 1024:
+        raise InvalidInput("path", "artifact path must be 1..1024 characters", ("path", "path"))
+    if _BAD_CHARS.search(name):
+        raise InvalidInput(
+            "path", "artifact path contains a control character or backslash", ("path", "path")
+        )
+    if name.startswith("/"):
+        raise InvalidInput("path", "artifact path must be relative", ("path", "path"))
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise InvalidInput(
+            "path",
+            "artifact path must not contain empty, '.' or '..' segments",
+            ("path", "path"),
+        )
+    return name
+
+
+def resolve_artifact(files: JobFiles, name: str) -> Path:
+    """The regular file ``name`` inside the run directory, or :class:`ArtifactNotFound`."""
+    check_artifact_name(name)
+    if any(p.startswith(".") for p in name.split("/")):
+        raise ArtifactNotFound(f"no artifact {name!r}")
+    root = files.run_dir.resolve()
+    try:
+        target = (root / name).resolve(strict=True)
+    except (FileNotFoundError, NotADirectoryError, RuntimeError, OSError):
+        raise ArtifactNotFound(f"no artifact {name!r}") from None
+    if not target.is_relative_to(root) or not target.is_file():
+        raise ArtifactNotFound(f"no artifact {name!r}")
+    return target
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: str
+    bytes: int
+    modified_at: datetime
+
+
+def list_artifacts(files: JobFiles) -> list[Artifact]:
+    """Regular files of the run directory (hidden temporary and staging entries left out)."""
+    root = files.run_dir
+    if not root.is_dir():
+        return []
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for fname in sorted(filenames):
+            if fname.startswith("."):
+                continue
+            full = Path(dirpath) / fname
+            try:
+                st = full.lstat()
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            out.append(
+                Artifact(
+                    path=full.relative_to(root).as_posix(),
+                    bytes=st.st_size,
+                    modified_at=datetime.fromtimestamp(st.st_mtime, UTC),
+                )
+            )
+    return out

@@ -1,0 +1,130 @@
+"""Tail a run directory's JSON-lines files and summarize them into a job's progress.
+
+The trainer appends whole lines (``dlrm_vrgd.train.rundir``); a reader may still catch the file
+between two writes of a multi-write line on some filesystems, so only bytes up to the last
+newline are consumed and the offset advances exactly over them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Most bytes read from one file per tick (bounds memory on a huge backlog).
+MAX_READ_BYTES = 8 << 20
+
+
+def clean(value: Any) -> Any:
+    """NaN/Inf -> None, recursively (JSON has neither)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    return value
+
+
+def read_new_records(
+    path: Path, offset: int, max_bytes: int = MAX_READ_BYTES
+) -> tuple[list[dict[str, Any]], int] | None:
+    """Complete JSON-object lines of ``path`` from byte ``offset``, and the offset after them.
+
+    Returns None when the file is shorter than ``offset`` (it was rewritten: start over).
+    A missing file reads as nothing new. Lines that are not JSON objects are skipped with a warning.
+    """
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            if size < offset:
+                return None
+            f.seek(offset)
+            data = f.read(max_bytes)
+            if len(data) == max_bytes and b"\n" not in data:
+                data += f.read()  # one line longer than max_bytes: take it whole
+    except FileNotFoundError:
+        return [], offset  # not written yet (or removed): nothing new, keep what is stored
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    records: list[dict[str, Any]] = []
+    for line in data[: end + 1].splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            logger.warning("%s: skipping a line that is not JSON", path)
+            continue
+        if isinstance(rec, dict):
+            records.append(clean(rec))
+        else:
+            logger.warning("%s: skipping a line that is not a JSON object", path)
+    return records, offset + end + 1
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def update_progress(
+    progress: dict[str, Any], metrics: list[dict[str, Any]], gsnr: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Fold new records into a job's progress summary (a new dict; the input is untouched).
+
+    Keys: step, samples, epoch, loss, lr_dense, lr_sparse, rows_per_s, gsnr_ratio,
+    gsnr_frac_clipped (dense, element-weighted), table_gsnr_ratio, table_frac_clipped (mean over
+    tables), val_auc, val_oracle_auc, best_val_auc, best_val_step, test_auc, test_oracle_auc,
+    eval_step; total_steps and fraction when the total is known.
+    """
+    p = dict(progress)
+    for rec in metrics:
+        kind = rec.get("kind")
+        if kind == "train":
+            for key in ("step", "samples"):
+                if _int(rec.get(key)) is not None:
+                    p[key] = rec[key]
+            for key in ("epoch", "loss", "lr_dense", "lr_sparse", "rows_per_s"):
+                if key in rec:
+                    p[key] = _num(rec[key])
+            for key in ("gsnr_ratio", "gsnr_frac_clipped"):
+                if _num(rec.get(key)) is not None:
+                    p[key] = _num(rec[key])
+        elif kind == "eval":
+            split = rec.get("split")
+            auc = _num(rec.get("auc"))
+            if split not in ("val", "test"):
+                continue
+            p[f"{split}_auc"] = auc
+            p[f"{split}_logloss"] = _num(rec.get("logloss"))
+            p[f"{split}_oracle_auc"] = _num(rec.get("oracle_auc"))
+            p["eval_step"] = _int(rec.get("step"))
+            if split == "val" and auc is not None and auc > (p.get("best_val_auc") or -1.0):
+                p["best_val_auc"] = auc
+                p["best_val_step"] = _int(rec.get("step"))
+    for rec in gsnr:
+        tables = [t for t in rec.get("tables") or [] if isinstance(t, dict)]
+        ratios = [_num(t.get("ratio")) for t in tables]
+        ratios = [r for r in ratios if r is not None]
+        if ratios:
+            p["table_gsnr_ratio"] = sum(ratios) / len(ratios)
+            clipped = [_num(t.get("frac_clipped")) for t in tables]
+            clipped = [c for c in clipped if c is not None]
+            p["table_frac_clipped"] = sum(clipped) / len(clipped) if clipped else None
+    total = _int(p.get("total_steps"))
+    step = _int(p.get("step"))
+    if total and step is not None:
+        p["fraction"] = min(1.0, step / total)
+    return p

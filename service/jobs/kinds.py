@@ -1,0 +1,58 @@
+"""Job kinds: how a job of each kind is prepared and which command runs it.
+
+Only ``train`` exists today (``dlrm-vrgd train``). A new kind (the batch-size ``study``) adds
+an entry to :data:`KINDS` with its config model, its command and its initial progress; the
+runner, store and API treat every kind alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dlrm_vrgd.config import SyntheticData, TrainConfig
+from service.jobs.files import JobFiles
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    #: Command that runs a job: (python executable, job files, resume?) -> argv.
+    command: Callable[[str, JobFiles, bool], list[str]]
+    #: Progress known before the job runs (e.g. total_steps) from its resolved config.
+    initial_progress: Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def train_command(python: str, files: JobFiles, resume: bool = False) -> list[str]:
+    """``python -m dlrm_vrgd.cli train --config JOB/config.yaml --out JOB/run [--resume]``.
+
+    The CLI itself starts torchrun when ``run.nproc_per_node > 1``.
+    """
+    cmd = [
+        python,
+        "-m",
+        "dlrm_vrgd.cli",
+        "train",
+        "--config",
+        str(files.config),
+        "--out",
+        str(files.run_dir),
+    ]
+    if resume:
+        cmd.append("--resume")
+    return cmd
+
+
+def train_initial_progress(config: dict[str, Any]) -> dict[str, Any]:
+    """``total_steps`` when it follows from the config alone (steps set, or synthetic data)."""
+    cfg = TrainConfig.model_validate(config)
+    if cfg.run.steps is not None:
+        return {"total_steps": cfg.run.steps}
+    if isinstance(cfg.data, SyntheticData):
+        return {"total_steps": cfg.total_steps(cfg.data.train_rows)}
+    return {}
+
+
+KINDS: dict[str, KindSpec] = {
+    "train": KindSpec(command=train_command, initial_progress=train_initial_progress),
+}

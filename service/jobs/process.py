@@ -1,0 +1,145 @@
+"""Process-group plumbing for jobs: start a command in its own session, tell whether any process
+of the group is left, signal the whole group, identify a pid across service restarts.
+
+A job's command starts with ``start_new_session=True``: it leads a new session and process
+group (pgid = its pid), and everything it starts (torchrun and its workers) stays in that
+group unless it moves itself out. Ending a job means signalling the group, not the pid.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_PROC = Path("/proc")
+
+
+def spawn(
+    cmd: Sequence[str], cwd: Path, log_path: Path, env: Mapping[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` in a new session, stdout and stderr appended to ``log_path``."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            list(cmd),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (field 3 = state onwards)."""
+    try:
+        raw = (_PROC / str(pid) / "stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    except OSError:
+        return None
+    end = raw.rfind(b")")
+    return raw[end + 2 :].decode(errors="replace").split()
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot) or None where /proc is absent."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields and len(fields) > 19 else None
+
+
+def is_alive(pid: int, started: str | None = None) -> bool:
+    """True if ``pid`` runs (not a zombie) and, when ``started`` is given, is the same process
+    that had that start time (not a reused pid)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        if _PROC.is_dir():
+            return False
+        try:  # no /proc (not Linux): a plain existence check
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    if fields[0] in ("Z", "X"):
+        return False
+    return started is None or (len(fields) > 19 and fields[19] == started)
+
+
+def job_processes(pgid: int, marker: str | None = None) -> list[int]:
+    """Live (non-zombie) processes of the job: members of process group ``pgid`` and, where
+    /proc allows, every process whose environment holds ``marker`` (``NAME=value``).
+
+    The marker finds what left the group: torchrun starts each worker in a session of its
+    own, and a worker outlives a SIGKILLed torchrun as an orphan.
+    """
+    if not _PROC.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    needle = marker.encode() if marker else None
+    found = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        fields = _stat_fields(pid)
+        # fields: state ppid pgrp ...
+        if not fields or len(fields) < 3 or fields[0] in ("Z", "X"):
+            continue
+        if fields[2] == str(pgid):
+            found.append(pid)
+        elif needle is not None and pid != os.getpid():
+            try:
+                env = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if needle in env.split(b"\0"):
+                found.append(pid)
+    return found
+
+
+def signal_processes(pids: list[int], sig: signal.Signals) -> None:
+    """Send ``sig`` to each pid (gone ones are skipped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to every process of the group; False if the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        logger.warning("not allowed to signal process group %d", pgid)
+        return False
+    return True
+
+
+def describe_exit(code: int | None) -> str:
+    """``exit status 1`` / ``killed by signal SIGKILL (9)`` / ``exit status unknown``."""
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name} ({-code})"
+    return f"exit status {code}"

@@ -1,0 +1,220 @@
+"""The job layer the routes call: submit, look up, cancel, delete, series, files, events.
+
+Blocking methods (store and file access) are plain functions that FastAPI runs in its thread
+pool; methods that touch the runner or the notifier are coroutines on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dlrm_vrgd.config import CriteoData
+from service.errors import (
+    IllegalTransition,
+    InvalidInput,
+    JobNotFound,
+    ResultNotFound,
+)
+from service.jobs import files as jobfiles
+from service.jobs.kinds import KINDS
+from service.jobs.notifier import Notifier
+from service.jobs.runner import Runner
+from service.jobs.states import TERMINAL
+from service.jobs.store import Job, Series, Store
+from service.schemas import JobCreate, JobPublic
+from service.settings import Settings
+
+#: Records per database read of an event stream.
+EVENT_PAGE = 500
+#: An idle event stream re-reads the store this often even without a wake-up.
+EVENT_RECHECK_S = 5.0
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class JobService:
+    def __init__(
+        self, settings: Settings, store: Store, runner: Runner, notifier: Notifier
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.runner = runner
+        self.notifier = notifier
+        #: Set by the server: True once it is shutting down (event streams end).
+        self.should_exit: Callable[[], bool] = lambda: False
+
+    def files(self, job_id: str) -> jobfiles.JobFiles:
+        return self.runner.files(job_id)
+
+    # ----------------------------------------------------------------------------- jobs
+    def submit(self, body: JobCreate) -> Job:
+        """Store a new queued job (its config written to its directory) and wake the runner."""
+        config = body.config
+        if isinstance(config.data, CriteoData):
+            path = config.data.path.expanduser()
+            if not path.is_absolute():
+                path = Path.cwd() / path
+            if not path.is_dir():
+                raise InvalidInput(
+                    "config.data.path",
+                    f"no such directory on the service host: {path}",
+                    ("body", "config", "data", "path"),
+                )
+            data = config.data.model_copy(update={"path": path})
+            config = config.model_copy(update={"data": data})
+        resolved = config.to_dict()
+        job_id = new_job_id()
+        files = self.files(job_id)
+        jobfiles.write_config(files.config, resolved)
+        try:
+            job = self.store.create_job(
+                job_id,
+                body.name,
+                body.kind,
+                resolved,
+                body.timeout_s,
+                progress=KINDS[body.kind].initial_progress(resolved),
+            )
+        except BaseException:
+            jobfiles.remove_tree(files.root)
+            raise
+        self.runner.wake()
+        return job
+
+    def get(self, job_id: str) -> Job:
+        job = self.store.get_job(job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        return job
+
+    def list_jobs(
+        self,
+        states: Sequence[str],
+        kind: str | None,
+        name: str | None,
+        limit: int,
+        offset: int,
+    ) -> tuple[list[Job], int]:
+        return self.store.list_jobs(states, kind, name, limit, offset)
+
+    async def cancel(self, job_id: str) -> Job:
+        job = await self.runner.cancel(job_id)
+        self.notifier.notify(job_id)
+        return job
+
+    def delete(self, job_id: str) -> None:
+        """Forget a finished job and remove its files; 409 while it is queued or running."""
+        job = self.get(job_id)
+        deleted = self.store.delete_job(job_id, TERMINAL)
+        if deleted is None:
+            raise JobNotFound(job_id)
+        if not deleted:
+            raise IllegalTransition(f"job {job_id} is {job.state}: cancel it before deleting it")
+        jobfiles.remove_tree(self.files(job_id).root)
+        self.runner.wake()
+
+    # --------------------------------------------------------------------------- series
+    def series(
+        self,
+        job_id: str,
+        stream: str,
+        after: int,
+        kind: str | None = None,
+        split: str | None = None,
+        every: int | None = None,
+        max_points: int | None = None,
+        limit: int = 10_000,
+    ) -> Series:
+        self.get(job_id)
+        return self.store.series(job_id, stream, after, kind, split, every, max_points, limit)
+
+    # ---------------------------------------------------------------------------- files
+    def result(self, job_id: str) -> dict[str, Any]:
+        """The run's result.json (stored copy, else the file); 404 while there is none."""
+        job = self.get(job_id)
+        if job.result is not None:
+            return job.result
+        result = jobfiles.read_result(self.files(job_id))
+        if result is None:
+            raise ResultNotFound(f"job {job_id} has no result ({job.state})")
+        return result
+
+    def log_tail(self, job_id: str, lines: int) -> list[str]:
+        self.get(job_id)
+        return jobfiles.tail_lines(self.files(job_id).log, lines)
+
+    def artifacts(self, job_id: str) -> list[jobfiles.Artifact]:
+        self.get(job_id)
+        return jobfiles.list_artifacts(self.files(job_id))
+
+    def artifact_path(self, job_id: str, name: str) -> Path:
+        jobfiles.check_artifact_name(name)
+        self.get(job_id)
+        return jobfiles.resolve_artifact(self.files(job_id), name)
+
+    # --------------------------------------------------------------------------- events
+    async def events(self, job_id: str, after: int) -> AsyncIterator[bytes]:
+        """Server-sent events of one job, from record ``after`` on.
+
+        ``job`` (a JobPublic snapshot) first and after every state change; ``metrics``,
+        ``gsnr`` and ``state`` records with ``id`` = their seq (so ``Last-Event-ID`` resumes);
+        ``end`` (the final JobPublic) once the job is finished and everything was sent;
+        a ``: keep-alive`` comment when idle.
+        """
+        store = self.store
+        keepalive = self.settings.sse_keepalive_s
+        yield b"retry: 3000\n\n"
+        job = await asyncio.to_thread(store.get_job, job_id)
+        if job is None:
+            return
+        yield _sse("job", _job_json(job))
+        cursor = after
+        last_sent = last_read = time.monotonic()
+        read = backlog = True  # the snapshot already reflects the backlog's state changes
+        while not self.should_exit():
+            if read:
+                job = await asyncio.to_thread(store.get_job, job_id)
+                if job is None:
+                    yield _sse("end", json.dumps({"deleted": True, "id": job_id}))
+                    return
+                terminal = job.state in TERMINAL
+                rows = await asyncio.to_thread(store.records_after, job_id, cursor, EVENT_PAGE)
+                saw_state = False
+                for seq, stream, data in rows:
+                    yield _sse(stream, data, seq)
+                    cursor = seq
+                    saw_state = saw_state or stream == "state"
+                last_read = time.monotonic()
+                if rows:
+                    last_sent = last_read
+                if len(rows) == EVENT_PAGE:
+                    continue
+                if terminal:
+                    yield _sse("end", _job_json(job))
+                    return
+                if saw_state and not backlog:
+                    yield _sse("job", _job_json(job))
+                backlog = False
+            woke = await self.notifier.wait(job_id, min(1.0, keepalive))
+            now = time.monotonic()
+            read = woke or now - last_read >= EVENT_RECHECK_S
+            if not read and now - last_sent >= keepalive:
+                yield b": keep-alive\n\n"
+                last_sent = now
+
+
+def _job_json(job: Job) -> str:
+    return JobPublic.from_job(job).model_dump_json()
+
+
+def _sse(event: str, data: str, event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {data}\n\n".encode()

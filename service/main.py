@@ -1,0 +1,257 @@
+"""The app factory and the server entry point.
+
+``create_app(settings)`` builds the FastAPI app; its lifespan takes the data directory's lock
+(one service per data directory), opens the store, resolves the token and starts the runner.
+``serve(settings)`` runs it under uvicorn (``dlrm-vrgd serve``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import __version__
+from service.api.deps import require_token
+from service.api.responses import UNAUTHORIZED
+from service.api.routes import artifacts, events, health, jobs, metrics
+from service.errors import InvalidInput, ServiceError
+from service.jobs.notifier import Notifier
+from service.jobs.runner import Runner
+from service.jobs.service import JobService
+from service.jobs.store import Store
+from service.security import StartupRefused, check_bind, resolve_token
+from service.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+#: Config sections whose name pydantic puts in error locations (discriminated union tags).
+_UNION_TAGS = ("synthetic", "criteo")
+
+
+# ------------------------------------------------------------------------------- lock
+class DataDirLock:
+    """An exclusive ``flock`` on ``DATA_DIR/service.lock``: one service per data directory.
+    Released when the holder exits, however it exits (the kernel drops the lock)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StartupRefused(
+                f"another service (pid {holder}) is using {self.path.parent}; stop it or "
+                "choose another data directory (DLRM_VRGD_DATA_DIR / --data-dir)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def preflight(settings: Settings) -> None:
+    """Fail early, with a message for people, where the lifespan would fail."""
+    check_bind(settings)
+    lock = DataDirLock(settings.lock_path)
+    lock.acquire()
+    lock.release()
+
+
+# ------------------------------------------------------------------------- body limit
+class BodySizeLimit:
+    """Refuse request bodies over ``max_bytes`` with 422 naming ``body`` (by Content-Length
+    up front, or while streaming a body without one). Nothing reaches the routes."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _error(self) -> HTTPException:
+        return HTTPException(
+            status_code=422,
+            detail=[
+                {
+                    "loc": ["body"],
+                    "field": "body",
+                    "msg": f"request body larger than {self.max_bytes} bytes",
+                    "type": "body_too_large",
+                }
+            ],
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope.get("headers", []):
+            if key == b"content-length":
+                if not value.strip().isdigit() or int(value) > self.max_bytes:
+                    err = self._error()
+                    await JSONResponse({"detail": err.detail}, 422)(scope, receive, send)
+                    return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise self._error()
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except HTTPException as err:
+            if started or err.status_code != 422:
+                raise
+            await JSONResponse({"detail": err.detail}, 422)(scope, receive, send)
+
+
+# ---------------------------------------------------------------------------- errors
+def _field(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        source, parts = parts[0], parts[1:]
+        if source == "body" and (not parts or isinstance(parts[0], int)):
+            return "body"
+        if source != "body":  # a repeated query parameter: name it, not its position
+            parts = [p for p in parts if not isinstance(p, int)]
+    cleaned = [
+        str(p)
+        for i, p in enumerate(parts)
+        if not (p in _UNION_TAGS and i > 0 and parts[i - 1] == "data")
+    ]
+    return ".".join(cleaned) or "body"
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    detail = []
+    for err in exc.errors():
+        loc = list(err.get("loc", ()))
+        etype = str(err.get("type", "value_error"))
+        detail.append(
+            {
+                "loc": loc,
+                "field": "body" if etype == "json_invalid" else _field(loc),
+                "msg": str(err.get("msg", "invalid")),
+                "type": etype,
+            }
+        )
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+async def _service_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    if isinstance(exc, InvalidInput):
+        issue = {"loc": list(exc.loc), "field": exc.field, "msg": exc.detail, "type": "invalid"}
+        return JSONResponse({"detail": [issue]}, status_code=422)
+    return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+
+
+# ------------------------------------------------------------------------------- app
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The service app for ``settings`` (default: from the environment)."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        check_bind(settings)
+        lock = DataDirLock(settings.lock_path)
+        lock.acquire()
+        store: Store | None = None
+        runner: Runner | None = None
+        try:
+            settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+            app.state.token = resolve_token(settings)
+            store = Store(settings.db_path)
+            notifier = Notifier()
+            runner = Runner(settings, store, notifier)
+            service = JobService(settings, store, runner, notifier)
+            service.should_exit = app.state.should_exit
+            app.state.service = service
+            await runner.start()
+            logger.info("service ready: data in %s", settings.data_dir)
+            yield
+        finally:
+            if runner is not None:
+                await runner.stop()
+            if store is not None:
+                store.close()
+            lock.release()
+
+    app = FastAPI(
+        title="dlrm-vrgd control service",
+        version=__version__,
+        summary="Submit DLRM training jobs, watch AUC and per-layer GSNR live, fetch results.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.should_exit = lambda: False
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ServiceError, _service_error)
+
+    api = APIRouter(prefix=API_PREFIX)
+    api.include_router(health.router)
+    protected = APIRouter(dependencies=[Depends(require_token)], responses={**UNAUTHORIZED})
+    for module in (jobs, metrics, events, artifacts):
+        protected.include_router(module.router)
+    api.include_router(protected)
+    app.include_router(api)
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/docs")
+
+    return app
+
+
+def serve(settings: Settings) -> None:
+    """Run the service under uvicorn until interrupted."""
+    import uvicorn
+
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=3,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    app.state.should_exit = lambda: server.should_exit
+    server.run()

@@ -1,0 +1,166 @@
+"""Request and response schemas of the REST API (``/api/v1``).
+
+Requests: :class:`JobCreate` (a name and a :class:`~dlrm_vrgd.config.TrainConfig`, validated
+by the very model the CLI uses, so a bad field answers 422 naming it). Responses:
+:class:`JobPublic`, :class:`JobsPublic` (``data`` + ``count``), series pages, artifacts.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from dlrm_vrgd.config import TrainConfig
+from service.jobs.states import JobKind, JobState
+from service.jobs.store import Job
+
+#: Longest job timeout accepted (30 days).
+MAX_TIMEOUT_S = 30 * 86400.0
+
+JobName = Annotated[
+    str,
+    StringConstraints(
+        strip_whitespace=True, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$"
+    ),
+]
+
+
+class JobCreate(BaseModel):
+    """A job to run: ``kind`` "train" trains ``config`` (a full TrainConfig; unknown keys are
+    errors, missing ones take the trainer's defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: JobName
+    kind: JobKind = "train"
+    config: TrainConfig
+    #: Wall-clock limit in seconds (the service default when omitted).
+    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = None
+
+
+class JobProgress(BaseModel):
+    """What the job has done so far, from its metrics and GSNR records."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step: int | None = None
+    total_steps: int | None = None
+    fraction: float | None = None
+    samples: int | None = None
+    epoch: float | None = None
+    loss: float | None = None
+    lr_dense: float | None = None
+    lr_sparse: float | None = None
+    rows_per_s: float | None = None
+    #: Dense layers: element-weighted mean GSNR ratio and fraction clipped at gamma.
+    gsnr_ratio: float | None = None
+    gsnr_frac_clipped: float | None = None
+    #: Embedding tables: mean of the per-table ratios and fractions clipped.
+    table_gsnr_ratio: float | None = None
+    table_frac_clipped: float | None = None
+    val_auc: float | None = None
+    val_logloss: float | None = None
+    val_oracle_auc: float | None = None
+    best_val_auc: float | None = None
+    best_val_step: int | None = None
+    test_auc: float | None = None
+    test_logloss: float | None = None
+    test_oracle_auc: float | None = None
+    eval_step: int | None = None
+    updated_at: datetime | None = None
+
+
+class JobPublic(BaseModel):
+    id: str
+    name: str
+    kind: JobKind
+    state: JobState
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    timeout_s: float | None
+    #: Leader of the job's process group while it runs (and after, for the record).
+    pid: int | None
+    exit_code: int | None
+    #: Why the job failed: exit status and the last log lines.
+    error: str | None
+    progress: JobProgress
+    has_result: bool
+    #: The resolved config (defaults filled in).
+    config: dict[str, Any]
+
+    @classmethod
+    def from_job(cls, job: Job) -> JobPublic:
+        return cls(
+            id=job.id,
+            name=job.name,
+            kind=job.kind,  # type: ignore[arg-type]
+            state=job.state,  # type: ignore[arg-type]
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            timeout_s=job.timeout_s,
+            pid=job.pid,
+            exit_code=job.exit_code,
+            error=job.error,
+            progress=JobProgress.model_validate(job.progress),
+            has_result=job.result is not None,
+            config=job.config,
+        )
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    #: Jobs matching the filters in all (``data`` is one page of them).
+    count: int
+
+
+class SeriesPage(BaseModel):
+    """Records of a job's metrics or GSNR series, in ``seq`` order.
+
+    Metric records are the trainer's ``metrics.jsonl`` lines (``kind`` "train": step, samples,
+    loss, lr_dense, lr_sparse, rows_per_s, gsnr_ratio...; ``kind`` "eval": split, auc, logloss,
+    ne, calibration, oracle_auc...). GSNR records are ``gsnr.jsonl`` lines (step, ``dense``
+    per tensor, ``tables`` per table). Each has ``seq``, its place in the job's record sequence.
+    """
+
+    job_id: str
+    count: int
+    #: Pass as ``after`` to get the next page; null on the last page.
+    next_after: int | None
+    data: list[dict[str, Any]]
+
+
+class ArtifactPublic(BaseModel):
+    #: Path relative to the run directory, e.g. ``checkpoints/step_00000004/rank0.pt``.
+    path: str
+    bytes: int
+    modified_at: datetime
+
+
+class ArtifactsPublic(BaseModel):
+    data: list[ArtifactPublic]
+    count: int
+
+
+class HealthPublic(BaseModel):
+    status: Literal["ok"]
+    version: str
+
+
+class Message(BaseModel):
+    detail: str
+
+
+class ValidationIssue(BaseModel):
+    loc: list[str | int]
+    #: Dotted name of the offending field, e.g. ``config.optim.dense.lr``.
+    field: str
+    msg: str
+    type: str
+
+
+class ValidationMessage(BaseModel):
+    detail: list[ValidationIssue]

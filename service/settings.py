@@ -1,0 +1,88 @@
+"""The service's one settings class, read from ``DLRM_VRGD_*`` environment variables.
+
+Every knob has a default that suits one user on one machine: loopback only, one job at a time,
+a data directory under ``$XDG_DATA_HOME`` (``~/.local/share/dlrm-vrgd``). ``dlrm-vrgd serve``
+flags override the environment.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "DLRM_VRGD_"
+#: Shortest bearer token accepted when the service listens beyond the loopback interface.
+MIN_PUBLIC_TOKEN_CHARS = 16
+
+
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/dlrm-vrgd``, else ``~/.local/share/dlrm-vrgd``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "dlrm-vrgd"
+
+
+class Settings(BaseSettings):
+    """Service configuration; each field ``x`` is read from ``DLRM_VRGD_X``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    #: Where the SQLite store (``service.db``), the token and every job's directory live.
+    data_dir: Path = Field(default_factory=default_data_dir)
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    #: Bearer token; when unset, one is generated, saved to ``DATA_DIR/token`` and printed.
+    token: SecretStr | None = None
+    #: Jobs running at once; the rest wait in FIFO order. 0 holds every job in the queue.
+    max_concurrent_jobs: Annotated[int, Field(ge=0)] = 1
+    #: Default wall-clock limit of a job (a job's own ``timeout_s`` wins); None = no limit.
+    job_timeout_s: Annotated[float, Field(gt=0)] | None = None
+    #: Seconds between SIGTERM and SIGKILL when a job is cancelled or times out.
+    cancel_grace_s: Annotated[float, Field(ge=0)] = 10.0
+    #: How often the runner tails run directories and checks processes.
+    poll_interval_s: Annotated[float, Field(gt=0, le=10)] = 0.5
+    #: Seconds between keep-alive comments on an idle event stream.
+    sse_keepalive_s: Annotated[float, Field(gt=0)] = 15.0
+    #: Largest request body accepted (bytes); larger ones answer 422 naming ``body``.
+    max_body_bytes: Annotated[int, Field(gt=0)] = 1 << 20
+    #: Cancel running jobs when the service stops; by default they keep running and are
+    #: re-attached at the next start.
+    cancel_on_shutdown: bool = False
+    #: Python interpreter that runs the trainer (``python -m dlrm_vrgd.cli train ...``).
+    trainer_python: str = sys.executable
+    log_level: str = "info"
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "service.db"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+    @property
+    def token_path(self) -> Path:
+        return self.data_dir / "token"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.data_dir / "service.lock"
+
+    @property
+    def is_loopback(self) -> bool:
+        return is_loopback_host(self.host)
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,242 @@
+"""The runner with stand-in commands (no torch): success, failure reasons, timeout, cancel of a
+whole process tree (a torchrun-like parent whose child lives in a session of its own), FIFO
+order under the concurrency limit, and recovery of jobs a previous service left running."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from service.errors import IllegalTransition
+from service.jobs import process
+from service.jobs.files import JobFiles
+from service.jobs.notifier import Notifier
+from service.jobs.runner import JOB_ENV, Runner
+from service.jobs.states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL
+from service.jobs.store import Job, Store
+from service.settings import Settings
+
+SUCCEED = """
+import json, os, pathlib, time
+run = pathlib.Path("run"); run.mkdir(exist_ok=True)
+with open(run / "metrics.jsonl", "a") as f:
+    for step in (1, 2):
+        f.write(json.dumps({"kind": "train", "step": step, "loss": 1.0 / step}) + "\\n")
+(run / "result.json").write_text(json.dumps({"steps": 2}))
+print("done", flush=True)
+"""
+FAIL = "import sys\nprint('something went wrong', flush=True)\nsys.exit(3)"
+SLEEP = "import time\ntime.sleep(120)"
+IGNORE_TERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)"
+# torchrun-like: the worker runs in a session of its own (start_new_session=True).
+TREE = """
+import pathlib, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                         start_new_session=True)
+pathlib.Path("child.pid").write_text(str(child.pid))
+time.sleep(120)
+"""
+
+
+def script_command(job: Job, files: JobFiles) -> list[str]:
+    """The job's config carries the script to run."""
+    return [sys.executable, "-c", textwrap.dedent(job.config["script"])]
+
+
+def make(tmp_path: Path, **settings: object) -> tuple[Settings, Store]:
+    s = Settings(
+        data_dir=tmp_path / "data",
+        poll_interval_s=0.05,
+        cancel_grace_s=2.0,
+        **settings,  # type: ignore[arg-type]
+    )
+    s.jobs_dir.mkdir(parents=True)
+    return s, Store(s.db_path)
+
+
+def submit(store: Store, script: str, timeout_s: float | None = None) -> Job:
+    job_id = os.urandom(8).hex()
+    return store.create_job(job_id, "t", "train", {"script": script}, timeout_s)
+
+
+def run_with(
+    settings: Settings, store: Store, body: Callable[[Runner], Awaitable[object]]
+) -> object:
+    async def main() -> object:
+        runner = Runner(settings, store, Notifier(), command=script_command)
+        await runner.start()
+        try:
+            return await body(runner)
+        finally:
+            await runner.stop()
+
+    return asyncio.run(main())
+
+
+async def until_done(store: Store, job_id: str, timeout: float = 30.0) -> Job:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = store.get_job(job_id)
+        if job is not None and job.state in TERMINAL:
+            return job
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+async def until_running(store: Store, job_id: str) -> Job:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        job = store.get_job(job_id)
+        if job is not None and job.pid is not None:
+            return job
+        await asyncio.sleep(0.02)
+    raise AssertionError("never started")
+
+
+def test_success_ingests_records_and_stores_the_result(tmp_path: Path) -> None:
+    settings, store = make(tmp_path)
+    job = submit(store, SUCCEED)
+    done = run_with(settings, store, lambda r: until_done(store, job.id))
+    assert isinstance(done, Job)
+    assert done.state == SUCCEEDED and done.exit_code == 0 and done.result == {"steps": 2}
+    assert done.progress["step"] == 2 and done.progress["loss"] == 0.5
+    steps = [json.loads(d)["step"] for d in store.series(job.id, "metrics").data]
+    assert steps == [1, 2]
+    assert (settings.jobs_dir / job.id / "train.log").read_text() == "done\n"
+
+
+def test_failure_keeps_exit_status_and_last_log_lines(tmp_path: Path) -> None:
+    settings, store = make(tmp_path)
+    job = submit(store, FAIL)
+    done = run_with(settings, store, lambda r: until_done(store, job.id))
+    assert isinstance(done, Job) and done.state == FAILED and done.exit_code == 3
+    assert done.error is not None
+    assert done.error.startswith("exit status 3") and "something went wrong" in done.error
+
+
+def test_timeout_fails_the_job(tmp_path: Path) -> None:
+    settings, store = make(tmp_path)
+    job = submit(store, SLEEP, timeout_s=0.5)
+    done = run_with(settings, store, lambda r: until_done(store, job.id))
+    assert isinstance(done, Job) and done.state == FAILED
+    assert done.error is not None and done.error.startswith("timed out after 0.5 s")
+    assert not process.is_alive(done.pid or 0)
+
+
+def test_cancel_ends_the_whole_process_tree(tmp_path: Path) -> None:
+    settings, store = make(tmp_path)
+    job = submit(store, TREE)
+    child_file = settings.jobs_dir / job.id / "child.pid"
+
+    async def body(runner: Runner) -> tuple[Job, int, int]:
+        running = await until_running(store, job.id)
+        while not child_file.exists():
+            await asyncio.sleep(0.02)
+        child = int(child_file.read_text())
+        assert process.is_alive(child) and process.is_alive(running.pid or 0)
+        cancelled = await runner.cancel(job.id)
+        return cancelled, running.pid or 0, child
+
+    cancelled, parent, child = run_with(settings, store, body)  # type: ignore[misc]
+    assert cancelled.state == CANCELLED
+    assert not process.is_alive(parent) and not process.is_alive(child)
+    assert process.job_processes(parent, f"{JOB_ENV}={job.id}") == []
+
+
+def test_sigkill_after_the_grace_period(tmp_path: Path) -> None:
+    settings, store = make(tmp_path)
+    job = submit(store, IGNORE_TERM)
+
+    async def body(runner: Runner) -> tuple[Job, float]:
+        running = await until_running(store, job.id)
+        await asyncio.sleep(0.3)  # let it install its handler
+        t0 = time.monotonic()
+        cancelled = await runner.cancel(job.id)
+        assert not process.is_alive(running.pid or 0)
+        return cancelled, time.monotonic() - t0
+
+    cancelled, took = run_with(settings, store, body)  # type: ignore[misc]
+    assert cancelled.state == CANCELLED and cancelled.exit_code == -9
+    assert settings.cancel_grace_s <= took < settings.cancel_grace_s + 3
+
+
+def test_cancel_of_a_finished_job_is_illegal(tmp_path: Path) -> None:
+    settings, store = make(tmp_path)
+    job = submit(store, SUCCEED)
+
+    async def body(runner: Runner) -> None:
+        await until_done(store, job.id)
+        with pytest.raises(IllegalTransition):
+            await runner.cancel(job.id)
+
+    run_with(settings, store, body)
+    assert store.get_job(job.id).state == SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_fifo_under_the_concurrency_limit(tmp_path: Path) -> None:
+    settings, store = make(tmp_path, max_concurrent_jobs=1)
+    jobs = [submit(store, SUCCEED) for _ in range(3)]
+    queued_cancel = submit(store, SUCCEED)
+
+    async def body(runner: Runner) -> list[Job]:
+        assert (await runner.cancel(queued_cancel.id)).state == CANCELLED
+        return [await until_done(store, j.id) for j in jobs]
+
+    done = run_with(settings, store, body)
+    assert isinstance(done, list) and all(j.state == SUCCEEDED for j in done)
+    for earlier, later in zip(done, done[1:], strict=False):
+        assert earlier.finished_at is not None and later.started_at is not None
+        assert earlier.finished_at <= later.started_at  # one at a time, in order
+    assert store.get_job(queued_cancel.id).started_at is None  # type: ignore[union-attr]
+
+
+def test_recovery_reattaches_live_jobs_and_settles_dead_ones(tmp_path: Path) -> None:
+    settings, store = make(tmp_path, max_concurrent_jobs=0)
+    # A job "left running" by a previous service whose process still runs...
+    alive = submit(store, SLEEP)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLEEP],
+        start_new_session=True,
+        env={**os.environ, JOB_ENV: alive.id},
+    )
+    store.transition(alive.id, [QUEUED], RUNNING, pid=proc.pid, pgid=proc.pid,
+                     proc_start=process.start_time(proc.pid))  # fmt: skip
+    # ...one whose process is gone, with a result on disk...
+    finished = submit(store, SLEEP)
+    (settings.jobs_dir / finished.id / "run").mkdir(parents=True)
+    (settings.jobs_dir / finished.id / "run" / "result.json").write_text('{"steps": 1}')
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.transition(finished.id, [QUEUED], RUNNING, pid=dead.pid, pgid=dead.pid, proc_start="1")
+    # ...one without, and one that never got a process.
+    lost = submit(store, SLEEP)
+    store.transition(lost.id, [QUEUED], RUNNING, pid=dead.pid, pgid=dead.pid, proc_start="1")
+    unborn = submit(store, SLEEP)
+    store.transition(unborn.id, [QUEUED], RUNNING)
+
+    async def body(runner: Runner) -> Job:
+        assert runner.active_pids == {alive.id: proc.pid}
+        proc.kill()
+        proc.wait()  # it was our child here; for the runner it is a stranger
+        return await until_done(store, alive.id)
+
+    ended = run_with(settings, store, body)
+    assert isinstance(ended, Job) and ended.state == FAILED
+    assert ended.error is not None and "re-attached" in ended.error
+    notes = [json.loads(d)["message"] for _, s, d in store.records_after(alive.id, 0, 100)]
+    assert any(n and n.startswith(f"re-attached to process {proc.pid}") for n in notes)
+    got = {j: store.get_job(j) for j in (finished.id, lost.id, unborn.id)}
+    assert got[finished.id].state == SUCCEEDED and got[finished.id].result == {"steps": 1}  # type: ignore[union-attr]
+    assert got[lost.id].state == FAILED  # type: ignore[union-attr]
+    assert "gone when the service restarted" in (got[lost.id].error or "")  # type: ignore[union-attr]
+    assert got[unborn.id].state == FAILED  # type: ignore[union-attr]
+    assert "while starting" in (got[unborn.id].error or "")  # type: ignore[union-attr]
