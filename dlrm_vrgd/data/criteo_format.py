@@ -1,0 +1,320 @@
+"""Raw Criteo click logs: the text layouts we accept, how a file is recognized, and how it is read
+as blocks of whole lines in bounded memory.
+
+Accepted layouts (one example per line; every field may be empty = missing):
+
+* **TSV** (Kaggle ``train.txt`` / ``test.txt``, Criteo 1TB ``day_0`` … ``day_23``):
+  ``label \\t I1..I13 \\t C1..C26`` (40 fields), or without the label (39 fields: Kaggle
+  ``test.txt``). ``I*`` are integer counts (negative allowed), ``C*`` hexadecimal ids.
+* **CSV** (the Kaggle competition files): the same fields separated by commas, usually with a
+  header ``Id,Label,I1,...,C26`` (test: ``Id,I1,...,C26``); the ``Id`` column is dropped.
+* Either one gzip-compressed (recognized by its magic bytes, not its name; multi-member files
+  too), with LF or CRLF line endings, with or without a header line.
+
+Whether a file has labels is read from its header when it has one; otherwise a file is labeled
+when any line of its first block has all 40 fields (rows may have lost trailing empty fields, so a
+39-field line alone proves nothing). ``--labels yes|no`` overrides the guess.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+NUM_INT = 13
+NUM_CAT = 26
+INT_NAMES = tuple(f"I{i}" for i in range(1, NUM_INT + 1))
+CAT_NAMES = tuple(f"C{i}" for i in range(1, NUM_CAT + 1))
+_GZIP_MAGIC = b"\x1f\x8b"
+#: A line longer than this is not Criteo data (the longest real lines are ~400 bytes).
+MAX_LINE_BYTES = 1 << 20
+
+Format = Literal["auto", "tsv", "csv"]
+LabelsMode = Literal["auto", "yes", "no"]
+
+
+class CriteoFormatError(ValueError):
+    """An input that cannot be read as Criteo data (bad gzip stream, unknown header, ...)."""
+
+
+class MalformedRowError(CriteoFormatError):
+    """One row that breaks the parsing rules; names the file and the 1-based line."""
+
+    def __init__(self, path: str, line: int, reason: str) -> None:
+        super().__init__(
+            f"{path}:{line}: {reason} (pass --skip-bad-rows to skip and count such rows)"
+        )
+        self.path = path
+        self.line = line
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class BadRow:
+    """A row skipped under ``--skip-bad-rows``."""
+
+    line: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the fields of one input file are laid out."""
+
+    path: str
+    delimiter: str
+    has_header: bool
+    has_id: bool
+    labeled: bool
+    gzip: bool
+
+    @property
+    def format(self) -> str:
+        return "tsv" if self.delimiter == "\t" else "csv"
+
+    @property
+    def names(self) -> list[str]:
+        """Column names of every field, in file order."""
+        return (
+            (["Id"] if self.has_id else [])
+            + (["label"] if self.labeled else [])
+            + list(INT_NAMES)
+            + list(CAT_NAMES)
+        )
+
+    @property
+    def num_fields(self) -> int:
+        return len(self.names)
+
+    def describe(self) -> str:
+        labels = "label, " if self.labeled else "no label, "
+        return f"{self.num_fields} fields ({'Id, ' if self.has_id else ''}{labels}I1-I13, C1-C26)"
+
+
+# ------------------------------------------------------------------------------ detection
+_LABEL_HEADERS = {"label", "clicked", "click"}
+_INT_HEADER = re.compile(r"^(i\d+|int_\d+)$")
+_CAT_HEADER = re.compile(r"^(c\d+|cat_\d+)$")
+
+
+def parse_header(path: str, fields: list[str]) -> tuple[bool, bool]:
+    """``(has_id, labeled)`` from a header line's fields, e.g. Kaggle's ``Id,Label,I1..C26``
+    or torchrec's ``label,int_0..cat_25``; raises :class:`CriteoFormatError` otherwise."""
+    names = [f.strip().strip('"').lower() for f in fields]
+    has_id = bool(names) and names[0] == "id"
+    rest = names[1:] if has_id else names
+    labeled = bool(rest) and rest[0] in _LABEL_HEADERS
+    rest = rest[1:] if labeled else rest
+    ok = (
+        len(rest) == NUM_INT + NUM_CAT
+        and all(_INT_HEADER.match(n) for n in rest[:NUM_INT])
+        and all(_CAT_HEADER.match(n) for n in rest[NUM_INT:])
+    )
+    if not ok:
+        raise CriteoFormatError(
+            f"{path}:1: unrecognized header {','.join(fields)[:200]!r}; expected "
+            "[Id,][Label,]I1..I13,C1..C26 (or torchrec's label,int_0..,cat_0..)"
+        )
+    return has_id, labeled
+
+
+def _is_header(first_field: str) -> bool:
+    """A data line starts with a label or a count (digits, maybe signed) or is empty there."""
+    text = first_field.strip()
+    return bool(text) and not re.fullmatch(r"-?(\d+|0[xX][0-9a-fA-F]+)", text)
+
+
+def detect_layout(
+    path: str, first_block: bytes, fmt: Format, labels: LabelsMode, gzip: bool
+) -> Layout:
+    """Recognize a file from its first block of lines (see the module docstring)."""
+    lines = [ln.rstrip(b"\r") for ln in first_block.split(b"\n")[:-1]]
+    first = next((ln for ln in lines if ln), b"")
+    if fmt == "auto":
+        if b"\t" in first:
+            fmt = "tsv"
+        elif b"," in first:
+            fmt = "csv"
+        else:
+            raise CriteoFormatError(
+                f"{path}: cannot tell TSV from CSV: its first line has neither tabs nor commas"
+            )
+    delim = "\t" if fmt == "tsv" else ","
+    first_fields = first.decode("utf-8", "replace").split(delim)
+    if lines and lines[0] and _is_header(first_fields[0]):
+        has_id, labeled = parse_header(path, first_fields)
+        if labels != "auto" and labeled != (labels == "yes"):
+            raise CriteoFormatError(
+                f"{path}: --labels {labels} contradicts the header ({'has' if labeled else 'no'} "
+                "label column)"
+            )
+        return Layout(path, delim, True, has_id, labeled, gzip)
+    if labels == "auto":
+        full = 1 + NUM_INT + NUM_CAT
+        labeled = any(ln.count(delim.encode()) == full - 1 for ln in lines)
+        logger.info(
+            "%s: %s (%s line of all %d fields in its first %d lines)",
+            path,
+            "labeled" if labeled else "unlabeled",
+            "found a" if labeled else "no",
+            full,
+            len(lines),
+        )
+    else:
+        labeled = labels == "yes"
+    return Layout(path, delim, False, False, labeled, gzip)
+
+
+# ------------------------------------------------------------------------------- reading
+class _GzipReader:
+    """Streaming gzip decompression (all members of a multi-member file); raises on a
+    truncated or corrupt stream instead of returning a silently shorter file."""
+
+    def __init__(self, raw: BinaryIO, path: str, chunk: int = 4 << 20) -> None:
+        self.raw, self.path, self.chunk = raw, path, chunk
+
+    def chunks(self) -> Iterator[bytes]:
+        d = zlib.decompressobj(wbits=31)
+        fed = False
+        while True:
+            data = self.raw.read(self.chunk)
+            if not data:
+                break
+            while data:
+                try:
+                    out = d.decompress(data)
+                except zlib.error as err:
+                    raise CriteoFormatError(f"{self.path}: corrupt gzip data: {err}") from None
+                fed = True
+                if out:
+                    yield out
+                if d.eof:
+                    data = d.unused_data
+                    d, fed = zlib.decompressobj(wbits=31), False
+                else:
+                    data = b""
+        if fed and not d.eof:
+            raise CriteoFormatError(f"{self.path}: the gzip stream ends early (truncated file?)")
+
+
+class BlockReader:
+    """Blocks of whole lines from one file (plain or gzip), about ``block_bytes`` each.
+
+    Yields ``bytearray`` blocks (one copy from the file or the decompressor, none after); every
+    block ends with a newline (one is added to a last line without). ``position`` is how far
+    into the file on disk (compressed bytes for gzip) reading got; ``ends_with_newline`` tells,
+    once the file is read, whether its last line had one.
+    """
+
+    def __init__(self, path: Path, block_bytes: int = 16 << 20) -> None:
+        self.path = Path(path)
+        self.block_bytes = block_bytes
+        with self.path.open("rb") as f:
+            self.gzip = f.read(2) == _GZIP_MAGIC
+        self.size = self.path.stat().st_size
+        self.position = 0
+        self.ends_with_newline = True
+
+    def blocks(self) -> Iterator[bytearray]:
+        buf = bytearray()
+        need = self.block_bytes
+        with self.path.open("rb") as raw:
+            gz = _GzipReader(raw, str(self.path)).chunks() if self.gzip else None
+            eof = False
+            while not eof:
+                while len(buf) < need:
+                    if gz is not None:
+                        chunk = next(gz, None)
+                        if chunk is None:
+                            eof = True
+                            break
+                        buf += chunk
+                    else:
+                        have = len(buf)
+                        grown = bytearray(need)
+                        grown[:have] = buf
+                        n = raw.readinto(memoryview(grown)[have:])
+                        del grown[have + n :]
+                        buf = grown
+                        if n == 0:
+                            eof = True
+                            break
+                    self.position = raw.tell()
+                cut = buf.rfind(b"\n") + 1
+                if cut == 0:
+                    if len(buf) > MAX_LINE_BYTES:
+                        raise CriteoFormatError(
+                            f"{self.path}: a line longer than {MAX_LINE_BYTES:,} bytes: not "
+                            "Criteo text (a binary file?)"
+                        )
+                    need = 2 * len(buf) + 1
+                    continue
+                carry = buf[cut:]
+                del buf[cut:]
+                yield buf
+                buf, need = carry, self.block_bytes
+            self.position = self.size
+        if buf:
+            self.ends_with_newline = buf.endswith(b"\n")
+            if not self.ends_with_newline:
+                buf += b"\n"
+            yield buf
+
+
+# ------------------------------------------------------------------------------- writing
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+
+
+def format_criteo_text(
+    labels: np.ndarray | None,
+    ints: np.ma.MaskedArray,
+    cats: np.ma.MaskedArray,
+    delimiter: str = "\t",
+    header: bool = False,
+    ids: np.ndarray | None = None,
+) -> bytes:
+    """Raw Criteo text for ``N`` rows: the inverse of parsing (tests, benchmarks, exports).
+
+    ``labels`` N ints or None (unlabeled), ``ints`` N x 13 masked int64 counts, ``cats`` N x 26
+    masked uint32 ids written as 8 hex digits; masked entries are written as empty fields.
+    ``ids`` N ints for the CSV ``Id`` column (with ``header``, Kaggle's column names).
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    n = ints.shape[0]
+    cols: dict[str, pa.Array] = {}
+    if ids is not None:
+        cols["Id"] = pa.array(np.asarray(ids, dtype=np.int64))
+    if labels is not None:
+        cols["Label"] = pa.array(np.asarray(labels, dtype=np.int64))
+    int_mask = np.ma.getmaskarray(ints)
+    for j, name in enumerate(INT_NAMES):
+        cols[name] = pa.array(np.ma.getdata(ints)[:, j].astype(np.int64), mask=int_mask[:, j])
+    cat_mask = np.ma.getmaskarray(cats)
+    shifts = np.arange(28, -4, -4, dtype=np.uint64)
+    for j, name in enumerate(CAT_NAMES):
+        values = np.ma.getdata(cats)[:, j].astype(np.uint64)
+        chars = _HEX_DIGITS[((values[:, None] >> shifts) & np.uint64(15)).astype(np.intp)]
+        offsets = pa.py_buffer(np.arange(0, 8 * n + 1, 8, dtype=np.int32).tobytes())
+        valid = pa.array(~cat_mask[:, j]).buffers()[1]
+        cols[name] = pa.StringArray.from_buffers(
+            n, offsets, pa.py_buffer(chars.tobytes()), valid, int(cat_mask[:, j].sum())
+        )
+    sink = pa.BufferOutputStream()
+    pcsv.write_csv(
+        pa.table(cols),
+        sink,
+        pcsv.WriteOptions(include_header=False, delimiter=delimiter, quoting_style="none"),
+    )
+    head = (delimiter.join(cols) + "\n").encode() if header else b""
+    return head + sink.getvalue().to_pybytes()
