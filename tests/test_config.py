@@ -11,7 +11,9 @@ from .conftest import tiny_config_dict
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("name", ["demo", "criteo_kaggle", "batch512k"])
+@pytest.mark.parametrize(
+    "name", ["demo", "synthetic_kaggle", "criteo_kaggle", "criteo_1tb", "batch512k"]
+)
 def test_shipped_configs_load(name: str) -> None:
     cfg = load_config(REPO / "configs" / f"{name}.yaml")
     assert cfg.run.global_batch % cfg.run.micro_batch == 0

@@ -22,7 +22,7 @@ import logging
 import re
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -35,6 +35,8 @@ NUM_CAT = 26
 INT_NAMES = tuple(f"I{i}" for i in range(1, NUM_INT + 1))
 CAT_NAMES = tuple(f"C{i}" for i in range(1, NUM_CAT + 1))
 _GZIP_MAGIC = b"\x1f\x8b"
+#: Pad blocks up front when at least this fraction of a file's first block is short rows.
+_PREPAD_FRACTION = 0.01
 #: A line longer than this is not Criteo data (the longest real lines are ~400 bytes).
 MAX_LINE_BYTES = 1 << 20
 
@@ -76,6 +78,9 @@ class Layout:
     has_id: bool
     labeled: bool
     gzip: bool
+    #: Rows often lack trailing empty fields: pad every block before parsing (else only the
+    #: rows the CSV reader reports).
+    prepad: bool = False
 
     @property
     def format(self) -> str:
@@ -150,6 +155,7 @@ def detect_layout(
             )
     delim = "\t" if fmt == "tsv" else ","
     first_fields = first.decode("utf-8", "replace").split(delim)
+    counts = [ln.count(delim.encode()) + 1 for ln in lines if ln]
     if lines and lines[0] and _is_header(first_fields[0]):
         has_id, labeled = parse_header(path, first_fields)
         if labels != "auto" and labeled != (labels == "yes"):
@@ -157,21 +163,28 @@ def detect_layout(
                 f"{path}: --labels {labels} contradicts the header ({'has' if labeled else 'no'} "
                 "label column)"
             )
-        return Layout(path, delim, True, has_id, labeled, gzip)
-    if labels == "auto":
-        full = 1 + NUM_INT + NUM_CAT
-        labeled = any(ln.count(delim.encode()) == full - 1 for ln in lines)
-        logger.info(
-            "%s: %s (%s line of all %d fields in its first %d lines)",
-            path,
-            "labeled" if labeled else "unlabeled",
-            "found a" if labeled else "no",
-            full,
-            len(lines),
-        )
+        layout = Layout(path, delim, True, has_id, labeled, gzip)
+        counts = counts[1:]
     else:
-        labeled = labels == "yes"
-    return Layout(path, delim, False, False, labeled, gzip)
+        if labels == "auto":
+            full = 1 + NUM_INT + NUM_CAT
+            labeled = full in counts
+            logger.info(
+                "%s: %s (%s line of all %d fields in its first %d lines)",
+                path,
+                "labeled" if labeled else "unlabeled",
+                "found a" if labeled else "no",
+                full,
+                len(lines),
+            )
+        else:
+            labeled = labels == "yes"
+        layout = Layout(path, delim, False, False, labeled, gzip)
+    short = sum(c < layout.num_fields for c in counts)
+    if short >= _PREPAD_FRACTION * max(len(counts), 1):
+        logger.info("%s: %d of the first %d rows lack trailing fields", path, short, len(counts))
+        layout = replace(layout, prepad=True)
+    return layout
 
 
 # ------------------------------------------------------------------------------- reading

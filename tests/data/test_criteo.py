@@ -89,7 +89,8 @@ def leftovers(tmp_path: Path, inputs: set[str]) -> list[str]:
 
 # --------------------------------------------------------------------------- round trip
 def test_round_trip_several_tsv_days(tmp_path: Path) -> None:
-    """Three day files (plain, gzip, CRLF) through small blocks and two parsing threads."""
+    """Three day files (plain; gzip; CRLF with trailing empty fields stripped) through small
+    blocks and two parsing threads."""
     days = [make_rows(n, seed) for n, seed in ((700, 1), (500, 2), (900, 3))]
     paths = []
     for i, (lab, ints, cats) in enumerate(days):
@@ -99,13 +100,16 @@ def test_round_trip_several_tsv_days(tmp_path: Path) -> None:
             path = path.with_suffix(".gz")
             path.write_bytes(gzip.compress(text))
         else:
-            path.write_bytes(text.replace(b"\n", b"\r\n") if i == 2 else text)
+            if i == 2:
+                text = b"\r\n".join(ln.rstrip(b"\t") for ln in text.split(b"\n"))
+            path.write_bytes(text)
         paths.append(path)
     out = tmp_path / "out"
     manifest = run(paths, out, max_rows_per_table=CAPS, block_bytes=4096)
     assert [d["rows"] for d in manifest["days"]] == [700, 500, 900]
     assert manifest["sparse"]["cardinalities"] == [CAPS] * 26
     assert [i["gzip"] for i in manifest["inputs"]] == [False, True, False]
+    assert [i["padded_rows"] > 50 for i in manifest["inputs"]] == [False, False, True]
     for i, rows in enumerate(days):
         assert_day(out, i, expected(*rows))
 
@@ -314,6 +318,25 @@ def test_hex_ids_of_any_length_up_to_16_digits() -> None:
         HEX,
         0,
         10,
+    ]
+
+
+def test_pad_short_lines_leaves_blank_and_full_lines_alone() -> None:
+    from dlrm_vrgd.data.criteo_format import Layout
+    from dlrm_vrgd.data.criteo_parse import pad_short_lines
+
+    layout = Layout("x", ",", has_header=False, has_id=False, labeled=True, gzip=False)
+    full = ",".join(ROW)
+    block = f"{full}\n\n1,2\n{full},x\n0\n".encode()
+    padded, count = pad_short_lines(block, layout)
+    assert count == 2
+    assert padded.split(b"\n") == [
+        full.encode(),
+        b"",
+        b"1,2" + b"," * 38,
+        f"{full},x".encode(),  # too long: left for the reader to report
+        b"0" + b"," * 39,
+        b"",
     ]
 
 
