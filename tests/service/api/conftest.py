@@ -16,7 +16,7 @@ from service.launcher import LocalService
 from ..conftest import FAST_ENV
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
     svc = LocalService.start(
         tmp_path_factory.mktemp("api") / "data",
@@ -27,13 +27,13 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
     svc.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def client(api: LocalService) -> Iterator[ServiceClient]:
     with api.client() as c:
         yield c
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def http(api: LocalService) -> Iterator[httpx.Client]:
     """Authenticated raw HTTP (for status codes and bodies the client would hide)."""
     headers = {"Authorization": f"Bearer {api.token}"}
@@ -41,7 +41,7 @@ def http(api: LocalService) -> Iterator[httpx.Client]:
         yield c
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def anon(api: LocalService) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=f"{api.base_url}/api/v1", timeout=30) as c:
         yield c
