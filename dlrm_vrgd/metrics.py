@@ -17,11 +17,31 @@ _EPS = 1e-7
 
 
 def auc(probs: torch.Tensor, labels: torch.Tensor) -> float:
-    from torchrec.metrics.auc import compute_auc
-
+    """Area under the ROC curve, by torchrec's ``compute_auc`` (by :func:`rank_auc` where
+    torchrec cannot be imported, e.g. on a host without FBGEMM)."""
+    try:
+        from torchrec.metrics.auc import compute_auc
+    except ImportError:
+        return rank_auc(probs, labels)
     probs = probs.detach().float().reshape(1, -1)
     labels = labels.detach().float().reshape(1, -1)
     return float(compute_auc(1, [probs], [labels], [torch.ones_like(probs)])[0])
+
+
+def rank_auc(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """AUC as the Mann–Whitney statistic: ``(Σ ranks of positives − P(P+1)/2) / (P·N)``, ties
+    sharing their mean rank. 0.5 when a class is missing."""
+    p = probs.detach().double().reshape(-1)
+    y = labels.detach().reshape(-1) > 0.5
+    n_pos = int(y.sum())
+    n_neg = y.numel() - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return 0.5
+    values, inverse, counts = torch.unique(p, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    mean_rank = ends - (counts.double() - 1) / 2  # 1-based mean rank of each distinct value
+    rank_sum = float(mean_rank[inverse][y].sum())
+    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
 def logloss(probs: torch.Tensor, labels: torch.Tensor) -> float:

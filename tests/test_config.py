@@ -22,7 +22,26 @@ def test_shipped_configs_load(name: str) -> None:
 def test_batch512k_is_a_512k_batch() -> None:
     cfg = load_config(REPO / "configs" / "batch512k.yaml")
     assert cfg.run.global_batch == 512 * 1024
-    assert cfg.run.accumulation_steps == 64
+    assert cfg.run.world_size == 2 and cfg.run.accumulation_steps == 32  # 2 x 32 x 8192
+
+
+def test_world_size_rules_are_clear() -> None:
+    from dlrm_vrgd.config import parse_config
+
+    from .conftest import tiny_config_dict
+
+    with pytest.raises(ConfigError, match="divisible by the world size"):
+        parse_config(tiny_config_dict(run={"global_batch": 255, "nproc_per_node": 2}))
+    with pytest.raises(ConfigError, match="multiple of micro_batch"):
+        parse_config(
+            tiny_config_dict(run={"global_batch": 256, "micro_batch": 96, "nproc_per_node": 2})
+        )
+    with pytest.raises(ConfigError, match="data_parallel tables would be trained by the dense"):
+        parse_config(tiny_config_dict(run={"sharding": ["table_wise", "data_parallel"]}))
+    cfg = parse_config(
+        tiny_config_dict(run={"nnodes": 2, "nproc_per_node": 2, "global_batch": 256})
+    )
+    assert cfg.run.world_size == 4 and cfg.run.accumulation_steps == 1
 
 
 def test_defaults_are_valid() -> None:

@@ -55,3 +55,15 @@ def test_accumulator_reports_oracle_beside_model() -> None:
     assert m["rows"] == 4
     assert m["oracle_auc"] == pytest.approx(1.0)
     assert m["auc"] == pytest.approx(pairwise_auc([0.5, 0.6, 0.7, 0.1], [1, 0, 1, 0]))
+
+
+def test_rank_auc_equals_torchrec_auc_with_ties() -> None:
+    from dlrm_vrgd.metrics import rank_auc
+
+    g = torch.Generator().manual_seed(3)
+    p = torch.randint(0, 20, (500,), generator=g).float() / 20  # many ties
+    y = (torch.rand(500, generator=g) < p).float()
+    assert rank_auc(p, y) == pytest.approx(pairwise_auc(p.tolist(), y.int().tolist()), abs=1e-9)
+    q = torch.rand(500, generator=g)
+    assert rank_auc(q, y) == pytest.approx(auc(q, y), abs=1e-6)
+    assert rank_auc(q, torch.zeros(500)) == 0.5

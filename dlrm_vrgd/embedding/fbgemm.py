@@ -30,6 +30,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from dlrm_vrgd.embedding.capture import LookupCapture, LookupLayout, Pooling, RowSpace
+from dlrm_vrgd.embedding.init import table_init
 
 FUSED_OPTIMIZERS: dict[str, EmbOptimType] = {
     "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
@@ -164,6 +165,10 @@ class TBELookup:
         self._views: list[SplitTableBatchedEmbeddingBagsCodegen | None] = []
         self._views_key = -1
 
+    @property
+    def device(self) -> torch.device:
+        return self.tbe.current_device
+
     def apply_rows(
         self, rows: list[torch.Tensor], grads: list[torch.Tensor], lr: float, chunk_rows: int
     ) -> None:
@@ -199,15 +204,6 @@ class TBELookup:
         if self.tbe.optimizer == EmbOptimType.EXACT_SGD:
             return [torch.zeros(0) for _ in self.table_names]
         return [s[0] for s in self.tbe.split_optimizer_states()]
-
-
-def table_init(seed: int, table: int, rows: int, dim: int) -> torch.Tensor:
-    """The initial weights of table ``table``: ``U(−√(1/rows), √(1/rows))`` (torchrec's default
-    bounds) drawn from a generator seeded by ``(seed, table)`` alone, so that any process — one
-    that owns the whole table or one that owns a shard of it — draws the same values."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + table)
-    bound = math.sqrt(1.0 / rows)
-    return torch.empty(rows, dim).uniform_(-bound, bound, generator=gen)
 
 
 class FbgemmEmbeddingBagCollection(nn.Module):

@@ -44,6 +44,9 @@ class RowwiseLookup(Protocol):
     capture: LookupCapture
 
     @property
+    def device(self) -> torch.device: ...
+
+    @property
     def table_names(self) -> list[str]: ...
 
     @property
@@ -80,7 +83,8 @@ class RowAccumulator:
         if needed <= self.rows.numel():
             return
         old = (self.rows, self.grad_sum, self.sq_sum, self.n_groups)
-        self._alloc(max(needed, 2 * self.rows.numel(), 1024))
+        # grow geometrically, but never past one slot per table row
+        self._alloc(min(max(needed, 2 * self.rows.numel(), 1024), self.slot.numel()))
         new_bufs = (self.rows, self.grad_sum, self.sq_sum, self.n_groups)
         for new, prev in zip(new_bufs, old, strict=True):
             new[: self.size] = prev[: self.size]
@@ -193,14 +197,17 @@ class SparseRowwiseOptimizer:
         self.k = 0
         # per lookup, per row space (tables sharing a dim): the step's sums
         self._acc = [
-            [RowAccumulator(space.size, space.dim) for space in lk.capture.layout.spaces]
+            [RowAccumulator(sp.size, sp.dim, lk.device) for sp in lk.capture.layout.spaces]
             for lk in self.lookups
         ]
         # per lookup, per row space: (EMA of ‖ḡ_row‖², EMA of mean ‖g_d,row‖²); O(rows) floats
         self._ema: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
         if gsnr and estimator == "ema":
             self._ema = [
-                [(torch.zeros(sp.size), torch.zeros(sp.size)) for sp in lk.capture.layout.spaces]
+                [
+                    (torch.zeros(sp.size, device=lk.device), torch.zeros(sp.size, device=lk.device))
+                    for sp in lk.capture.layout.spaces
+                ]
                 for lk in self.lookups
             ]
         self._last_summary: list[dict[str, Any]] = []

@@ -27,14 +27,17 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from dlrm_vrgd.config import TrainConfig
-from dlrm_vrgd.embedding.fbgemm import FUSED_OPTIMIZERS, TBELookup, table_init
+from dlrm_vrgd.embedding.init import table_init
+
+if TYPE_CHECKING:
+    from dlrm_vrgd.embedding.fbgemm import TBELookup
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +127,8 @@ def shard_model(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> nn.Module:
         TrainerConfig,
     )
 
+    from dlrm_vrgd.embedding.fbgemm import FUSED_OPTIMIZERS
+
     # torchrec divides the pooled-embedding gradients by W in the all-to-all backward (to match
     # DDP's averaged dense gradients); our groups must each carry their own mean-loss gradient.
     set_gradient_division(False)
@@ -176,6 +181,8 @@ def sharded_lookups(
     ``table_names.index(name)``)."""
     from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+
+    from dlrm_vrgd.embedding.fbgemm import TBELookup
 
     lookups = []
     for module in model.modules():

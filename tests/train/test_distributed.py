@@ -178,3 +178,23 @@ def test_a_dying_rank_fails_the_job_fast(tmp_path: Path) -> None:
         assert (
             not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
         )
+
+
+def test_torchrun_command_for_one_and_several_nodes() -> None:
+    from dlrm_vrgd.config import parse_config
+    from dlrm_vrgd.train.distributed import torchrun_command
+
+    one = parse_config(tiny_config_dict(run={"nproc_per_node": 2}))
+    cmd = torchrun_command(one, ["train", "--config", "c.yaml", "--out", "o"])
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    assert "--standalone" in cmd and "--nproc_per_node=2" in cmd and "--max_restarts=0" in cmd
+    assert cmd[-7:] == ["-m", "dlrm_vrgd.cli", "train", "--config", "c.yaml", "--out", "o"]
+    two = parse_config(tiny_config_dict(run={"nproc_per_node": 2, "nnodes": 2}))
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        torchrun_command(two, ["train"])
+    two = parse_config(
+        tiny_config_dict(run={"nproc_per_node": 2, "nnodes": 2, "rdzv_endpoint": "head:29400"})
+    )
+    cmd = torchrun_command(two, ["train"])
+    assert "--rdzv_backend=c10d" in cmd and "--rdzv_endpoint=head:29400" in cmd
+    assert "--nnodes=2" in cmd and "--standalone" not in cmd

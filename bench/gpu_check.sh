@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# GPU check for a host whose Python has torch with CUDA but no torchrec / FBGEMM (DESIGN.md 6):
+# the pure-PyTorch embedding backend and dense VRGD on the device against the CPU, then a 512k
+# global batch step (rows/s, peak GPU memory). Well under 5 minutes on one H200.
+#
+#   bash bench/gpu_check.sh                 # on the GPU host (default --device cuda)
+#   bash bench/gpu_check.sh --device cpu    # the CPU form of the same code paths (small sizes)
+#
+# Our few pure-Python dependencies (pydantic, pyyaml, ...) are installed from a local wheel
+# folder when they are missing: bench/fetch_gpu_wheels.sh fills .gpu-wheels/ for Python 3.12
+# (pass it along to the host, e.g. the device tool's `carry: [".gpu-wheels"]`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ "${1:-}" = "--device" ] && [ "${2:-}" = "cpu" ] && [ -x .venv/bin/python ]; then
+  PY=.venv/bin/python
+fi
+if ! "$PY" -c "import pydantic, yaml, numpy" 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --find-links .gpu-wheels pydantic pyyaml numpy
+fi
+args=("$@")
+[ ${#args[@]} -eq 0 ] && args=(--device cuda)
+[ "${args[1]:-}" = "cpu" ] && args+=(--quick)
+exec "$PY" bench/gpu_check.py "${args[@]}"
