@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     #: Cancel running jobs when the service stops; by default they keep running and are
     #: re-attached at the next start.
     cancel_on_shutdown: bool = False
+    #: Niceness added to job processes (0-19) so that the API stays responsive while jobs
+    #: keep every core busy; 0 runs jobs at the service's own priority.
+    job_nice: Annotated[int, Field(ge=0, le=19)] = 10
     #: Python interpreter that runs the trainer (``python -m dlrm_vrgd.cli train ...``).
     trainer_python: str = sys.executable
     log_level: str = "info"

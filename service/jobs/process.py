@@ -37,6 +37,15 @@ def spawn(
         )
 
 
+def renice(pid: int, increment: int) -> None:
+    """Lower the priority of a just-started job process; what it starts inherits it."""
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, pid)
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, current + increment))
+    except (ProcessLookupError, PermissionError, OSError) as err:
+        logger.warning("could not renice process %d: %s", pid, err)
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     """Fields of /proc/PID/stat after the command name (field 3 = state onwards)."""
     try:

@@ -309,6 +309,8 @@ class Runner:
                 error=f"could not start the job: {err}",
             )
             return None
+        if self.settings.job_nice:
+            process.renice(popen.pid, self.settings.job_nice)
         self.store.update_job(
             job.id, pid=popen.pid, pgid=popen.pid, proc_start=process.start_time(popen.pid)
         )
