@@ -1,5 +1,6 @@
-"""Raw Criteo click logs: the text layouts we accept, how a file is recognized, and how it is read
-as blocks of whole lines in bounded memory.
+"""Raw Criteo click logs: the text layouts we accept, how a file is recognized, which files a
+``--input`` names, how a file is read as blocks of whole lines in bounded memory, and the one
+set of pyarrow CSV options every parsing path uses.
 
 Accepted layouts (one example per line; every field may be empty = missing):
 
@@ -21,12 +22,14 @@ from __future__ import annotations
 import logging
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +190,81 @@ def detect_layout(
     return layout
 
 
+# -------------------------------------------------------------------------------- inputs
+def _natural_key(path: Path) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+def expand_inputs(paths: Sequence[str | Path]) -> list[Path]:
+    """Input files in the order given; a directory stands for its files in natural order
+    (``day_2`` before ``day_10``)."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(
+                (f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")),
+                key=_natural_key,
+            )
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"input not found: {p}")
+    if not files:
+        raise FileNotFoundError("no input files")
+    resolved = [f.resolve() for f in files]
+    dup = next((f for i, f in enumerate(resolved) if f in resolved[:i]), None)
+    if dup is not None:
+        raise ValueError(f"input given twice: {dup}")
+    if sorted(files, key=_natural_key) != files:
+        logger.warning(
+            "inputs are not in natural order (%s); days are numbered in the order given",
+            ", ".join(f.name for f in files[:4]) + (", ..." if len(files) > 4 else ""),
+        )
+    return files
+
+
 # ------------------------------------------------------------------------------- reading
+#: pyarrow's own chunk size: ~1 MiB chunks stay in cache (1.6x faster than one 16 MiB chunk).
+_ARROW_BLOCK_BYTES = 1 << 20
+
+
+def read_table(
+    buf: bytes | bytearray,
+    layout: Layout,
+    types: dict[str, pa.DataType],
+    handler: Callable[[pcsv.InvalidRow], str] | None = None,
+) -> pa.Table:
+    """The CSV reader on a block, with the parsing options every path shares."""
+    return pcsv.read_csv(
+        pa.py_buffer(buf),
+        read_options=pcsv.ReadOptions(
+            column_names=layout.names, use_threads=False, block_size=_ARROW_BLOCK_BYTES
+        ),
+        parse_options=pcsv.ParseOptions(
+            delimiter=layout.delimiter,
+            quote_char=False,
+            double_quote=False,
+            escape_char=False,
+            ignore_empty_lines=True,
+            invalid_row_handler=handler,
+        ),
+        convert_options=pcsv.ConvertOptions(
+            column_types=types,
+            include_columns=list(types),
+            null_values=[""],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+        ),
+    )
+
+
+def fast_types(layout: Layout) -> dict[str, pa.DataType]:
+    types: dict[str, pa.DataType] = {"label": pa.int64()} if layout.labeled else {}
+    types.update({n: pa.int64() for n in INT_NAMES})
+    types.update({n: pa.binary() for n in CAT_NAMES})
+    return types
+
+
 class _GzipReader:
     """Streaming gzip decompression (all members of a multi-member file); raises on a
     truncated or corrupt stream instead of returning a silently shorter file."""
@@ -301,9 +378,6 @@ def format_criteo_text(
     masked uint32 ids written as 8 hex digits; masked entries are written as empty fields.
     ``ids`` N ints for the CSV ``Id`` column (with ``header``, Kaggle's column names).
     """
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
-
     n = ints.shape[0]
     cols: dict[str, pa.Array] = {}
     if ids is not None:

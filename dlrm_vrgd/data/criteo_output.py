@@ -17,8 +17,10 @@ import os
 import re
 import shutil
 import struct
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -100,6 +102,8 @@ class DayWriter:
     labeled: bool
     positives: int = 0
     files: dict[str, NpyAppender] = field(default_factory=dict)
+    #: SHA-256 of each file, computed in the background once it is final.
+    hashes: dict[str, Future[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         specs = {"dense": ("<f4", NUM_INT), "sparse": ("<i8", NUM_CAT), "labels": ("<i4", 1)}
@@ -124,6 +128,30 @@ class DayWriter:
     def abort(self) -> None:
         for f in self.files.values():
             f.abort()
+
+    def record(self, source: str) -> dict[str, Any]:
+        """The day's manifest entry (waits for its checksums)."""
+        files = {}
+        for kind, f in self.files.items():
+            files[kind] = {
+                "file": f.path.name,
+                "dtype": f.dtype.str,
+                "shape": [f.rows, f.columns],
+                "bytes": f.path.stat().st_size,
+                "sha256": self.hashes[kind].result(),
+            }
+        return {
+            "day": self.index,
+            "rows": self.rows,
+            "labeled": self.labeled,
+            "positives": self.positives if self.labeled else None,
+            "source": {
+                "input": self.input_index,
+                "path": source,
+                "rows": [self.input_row, self.input_row + self.rows],
+            },
+            "files": files,
+        }
 
 
 # ------------------------------------------------------------------------ staging / out

@@ -26,6 +26,7 @@ clamped to it and counted.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,16 +41,15 @@ from dlrm_vrgd.data.criteo_format import (
     BadRow,
     Layout,
     MalformedRowError,
+    fast_types,
+    read_table,
 )
+from dlrm_vrgd.data.criteo_validate import bad_values, conversion_error
 
 DEFAULT_DENSE_FLOOR = -3
-_INT_SYNTAX = rb"^ *-?(?:[0-9]+|0[xX][0-9a-fA-F]+) *$"
-_HEX_SYNTAX = rb"^[0-9a-fA-F]{1,16}$"
+_DENSE_MAX = 1 << 62
 _ONLY_NEWLINES = re.compile(rb"\n*")
-_CONVERSION_ERROR = re.compile(r"In CSV column #(\d+):(?: Row #\d+:)? .*invalid value '(.*)'$")
 _MAX_ROUNDS = 64
-#: pyarrow's own chunk size: ~1 MiB chunks stay in cache (1.6x faster than one 16 MiB chunk).
-_ARROW_BLOCK_BYTES = 1 << 20
 
 
 def _hex_tables() -> tuple[np.ndarray, np.ndarray]:
@@ -68,6 +68,28 @@ def _hex_tables() -> tuple[np.ndarray, np.ndarray]:
 
 _NIBBLE, _PAIR = _hex_tables()
 _PAIR_INVALID = np.uint64(0xFF00FF00FF00FF00)
+
+
+def parse_caps(spec: int | str | Sequence[int] | None) -> np.ndarray | None:
+    """``N`` or ``"N1,...,N26"`` (or a sequence) -> 26 uint64 table caps; None = no cap."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        try:
+            values = [int(v) for v in spec.split(",")]
+        except ValueError:
+            raise ValueError(f"--max-rows-per-table: {spec!r} is not N or N1,...,N26") from None
+    elif isinstance(spec, int):
+        values = [spec]
+    else:
+        values = [int(v) for v in spec]
+    if len(values) == 1:
+        values *= NUM_CAT
+    if len(values) != NUM_CAT or min(values) < 1:
+        raise ValueError(
+            f"--max-rows-per-table: expected one positive N or {NUM_CAT}, got {len(values)} values"
+        )
+    return np.asarray(values, dtype=np.uint64)
 
 
 @dataclass(frozen=True)
@@ -101,41 +123,6 @@ class ParsedBlock:
 
 class _Invalid(Exception):
     """The fast path met a value it cannot convert; the exact path takes over."""
-
-
-def _read(buf: bytes, layout: Layout, types: dict[str, pa.DataType], handler=None) -> pa.Table:
-    return pcsv.read_csv(
-        pa.py_buffer(buf),
-        read_options=pcsv.ReadOptions(
-            column_names=layout.names, use_threads=False, block_size=_ARROW_BLOCK_BYTES
-        ),
-        parse_options=pcsv.ParseOptions(
-            delimiter=layout.delimiter,
-            quote_char=False,
-            double_quote=False,
-            escape_char=False,
-            ignore_empty_lines=True,
-            invalid_row_handler=handler,
-        ),
-        convert_options=pcsv.ConvertOptions(
-            column_types=types,
-            include_columns=list(types),
-            null_values=[""],
-            strings_can_be_null=True,
-            quoted_strings_can_be_null=False,
-        ),
-    )
-
-
-def _fast_types(layout: Layout) -> dict[str, pa.DataType]:
-    types: dict[str, pa.DataType] = {"label": pa.int64()} if layout.labeled else {}
-    types.update({n: pa.int64() for n in INT_NAMES})
-    types.update({n: pa.binary() for n in CAT_NAMES})
-    return types
-
-
-def _column(table: pa.Table, name: str) -> pa.Array:
-    return table.column(name).combine_chunks()
 
 
 def _ints(table: pa.Table, name: str) -> np.ndarray:
@@ -199,10 +186,8 @@ def _convert(table: pa.Table, layout: Layout, opts: ParseOptions) -> ParsedBlock
         labels = np.full(n, -1, dtype=np.int32)
     ints = np.stack([_ints(table, c) for c in INT_NAMES])  # 13 x N
     floor = opts.dense_floor
-    below = ints < floor
-    clamped = int(np.count_nonzero(below))
-    if clamped:
-        ints[below] = floor
+    clamped = int(np.count_nonzero(ints < floor))
+    np.clip(ints, floor, _DENSE_MAX, out=ints)  # the top clip only keeps x - floor from wrapping
     ints -= floor - 2
     dense = ints.T.astype(np.float32, order="C")
     np.log(dense, out=dense)
@@ -214,80 +199,6 @@ def _convert(table: pa.Table, layout: Layout, opts: ParseOptions) -> ParsedBlock
         raise _Invalid
     sparse = ids.T.astype(np.int64, order="C")
     return ParsedBlock(labels, dense, sparse, [], 0, missing_labels, clamped, id_max)
-
-
-# ------------------------------------------------------------------------- exact path
-def _arrow_int(value: bytes, layout: Layout) -> int | None:
-    """``value`` as pyarrow's CSV reader converts it to int64, or None if it refuses it."""
-    try:
-        table = pcsv.read_csv(
-            pa.py_buffer(value + b"\n"),
-            read_options=pcsv.ReadOptions(column_names=["x"], use_threads=False),
-            parse_options=pcsv.ParseOptions(delimiter=layout.delimiter, quote_char=False),
-            convert_options=pcsv.ConvertOptions(column_types={"x": pa.int64()}, null_values=[""]),
-        )
-    except pa.ArrowInvalid:
-        return None
-    return table.column(0)[0].as_py()
-
-
-def _bad_values(
-    buf: bytes, layout: Layout, opts: ParseOptions, arrow_error: tuple[str, bytes] | None
-) -> list[tuple[int, str]]:
-    """``(row, reason)`` for every row of ``buf`` with a value outside the accepted syntax
-    (module docstring); rows are numbered over the non-empty lines of ``buf``.
-
-    Integers are checked against a regex of what pyarrow accepts, and each distinct value the
-    regex refuses is re-checked by pyarrow itself, so both paths agree on every value."""
-    names = list(_fast_types(layout))
-    table = _read(buf, layout, {n: pa.binary() for n in names})
-    bad: dict[int, str] = {}
-    for name in names:
-        col = _column(table, name)
-        values: list[bytes | None] = col.to_pylist()
-
-        def show(r: int, values: list[bytes | None] = values) -> str:
-            return repr((values[r] or b"").decode("utf-8", "replace")[:40])
-
-        if name in CAT_NAMES:
-            ok = pc.fill_null(pc.match_substring_regex(col, _HEX_SYNTAX.decode()), True)
-            ok_np = ok.to_numpy(zero_copy_only=False)
-            for r in np.flatnonzero(~ok_np).tolist():
-                bad.setdefault(r, f"{name}: {show(r)} is not a hexadecimal id (1-16 digits)")
-            if opts.caps is None:
-                for r in np.flatnonzero(ok_np).tolist():
-                    v = values[r]
-                    if v is not None and len(v) == 16 and int(v[:1], 16) >= 8:
-                        bad.setdefault(
-                            r, f"{name}: id {show(r)} does not fit int64; use --max-rows-per-table"
-                        )
-            continue
-        if name == "label":
-            label_of = {v: _arrow_int(v, layout) for v in set(values) if v is not None}
-            for r, v in enumerate(values):
-                if v is not None and label_of[v] not in (0, 1):
-                    bad.setdefault(r, f"label: {show(r)} is not 0 or 1")
-            continue
-        ok = pc.fill_null(pc.match_substring_regex(col, _INT_SYNTAX.decode()), True)
-        ok_np = ok.to_numpy(zero_copy_only=False).copy()
-        failing = np.flatnonzero(~ok_np).tolist()
-        distinct = list(dict.fromkeys(values[r] for r in failing))[:256]
-        accepted = {v for v in distinct if v is not None and _arrow_int(v, layout) is not None}
-        for r in failing:
-            if values[r] not in accepted:
-                bad.setdefault(r, f"{name}: {show(r)} is not an integer")
-        if arrow_error is not None and arrow_error[0] == name:
-            for r, v in enumerate(values):
-                if v == arrow_error[1]:
-                    bad.setdefault(r, f"{name}: {show(r)} is not a 64-bit integer")
-    return sorted(bad.items())
-
-
-def _arrow_error(err: pa.ArrowInvalid, layout: Layout) -> tuple[str, bytes] | None:
-    m = _CONVERSION_ERROR.search(str(err))
-    if m is None:
-        return None
-    return layout.names[int(m.group(1))], m.group(2).encode()
 
 
 # --------------------------------------------------------------------------- the block
@@ -335,7 +246,7 @@ def parse_block(
     block: bytes | bytearray, layout: Layout, opts: ParseOptions, first_line: int = 1
 ) -> ParsedBlock:
     """Parse the lines of ``block`` (line ``first_line`` of ``layout.path`` onwards; blocks
-    parsed ahead of time use 1 and renumber, see :meth:`ParsedBlock.lines`).
+    parsed ahead of time use 1 and renumber with ``ParsedBlock.lines``).
 
     Raises :class:`MalformedRowError` for the first malformed line, or with
     ``opts.skip_bad_rows`` leaves such rows out and lists them in ``bad_rows``.
@@ -372,7 +283,7 @@ def _parse(
             if b"\r" in line:
                 reject(i, "carriage return inside a line")
 
-    types = _fast_types(layout)
+    types = fast_types(layout)
     delim = layout.delimiter.encode()
     for _ in range(_MAX_ROUNDS):
         arrow_error: tuple[str, bytes] | None = None
@@ -392,12 +303,12 @@ def _parse(
             return "skip"
 
         try:
-            table = _read(buf, layout, types, handler)
+            table = read_table(buf, layout, types, handler)
             result = None if invalid else _convert(table, layout, opts)
         except (pa.ArrowInvalid, _Invalid) as err:
             result = None
             if isinstance(err, pa.ArrowInvalid):
-                arrow_error = _arrow_error(err, layout)
+                arrow_error = conversion_error(err, layout)
         if result is not None:
             if bad and not opts.skip_bad_rows:
                 first = min(bad, key=lambda b: b.line)
@@ -416,7 +327,7 @@ def _parse(
                 else:
                     reject(i, _too_many(layout, actual))
             continue
-        found = _bad_values(buf, layout, opts, arrow_error)
+        found = bad_values(buf, layout, opts.caps is None, arrow_error)
         if not found:
             raise RuntimeError(f"{layout.path}:{first_line}: conversion failed, cause not found")
         for row, reason in found:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import time
 from collections import deque
@@ -54,6 +53,7 @@ from dlrm_vrgd.data.criteo_format import (
     Layout,
     MalformedRowError,
     detect_layout,
+    expand_inputs,
 )
 from dlrm_vrgd.data.criteo_frequency import FrequencyCounts, remap_day
 from dlrm_vrgd.data.criteo_output import (
@@ -72,67 +72,13 @@ from dlrm_vrgd.data.criteo_parse import (
     ParsedBlock,
     ParseOptions,
     parse_block,
+    parse_caps,
 )
 from dlrm_vrgd.train.rundir import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
 _BAD_ROW_EXAMPLES = 20
-
-
-def parse_caps(spec: int | str | Sequence[int] | None) -> np.ndarray | None:
-    """``N`` or ``"N1,...,N26"`` (or a sequence) -> 26 uint64 table caps; None = no cap."""
-    if spec is None:
-        return None
-    if isinstance(spec, str):
-        try:
-            values = [int(v) for v in spec.split(",")]
-        except ValueError:
-            raise ValueError(f"--max-rows-per-table: {spec!r} is not N or N1,...,N26") from None
-    elif isinstance(spec, int):
-        values = [spec]
-    else:
-        values = [int(v) for v in spec]
-    if len(values) == 1:
-        values *= NUM_CAT
-    if len(values) != NUM_CAT or min(values) < 1:
-        raise ValueError(
-            f"--max-rows-per-table: expected one positive N or {NUM_CAT}, got {len(values)} values"
-        )
-    return np.asarray(values, dtype=np.uint64)
-
-
-# -------------------------------------------------------------------------------- inputs
-def _natural_key(path: Path) -> list[Any]:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
-
-
-def expand_inputs(paths: Sequence[str | Path]) -> list[Path]:
-    """Input files in the order given; a directory stands for its files in natural order
-    (``day_2`` before ``day_10``)."""
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(
-                (f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")),
-                key=_natural_key,
-            )
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"input not found: {p}")
-    if not files:
-        raise FileNotFoundError("no input files")
-    resolved = [f.resolve() for f in files]
-    dup = next((f for i, f in enumerate(resolved) if f in resolved[:i]), None)
-    if dup is not None:
-        raise ValueError(f"input given twice: {dup}")
-    if sorted(files, key=_natural_key) != files:
-        logger.warning(
-            "inputs are not in natural order (%s); days are numbered in the order given",
-            ", ".join(f.name for f in files[:4]) + (", ..." if len(files) > 4 else ""),
-        )
-    return files
 
 
 # ---------------------------------------------------------------------------------- run
@@ -149,6 +95,7 @@ class _InputState:
     days: list[int] = field(default_factory=list)
     ends_with_newline: bool = True
     next_line: int = 1  # the file's line number of the next block to consume
+    bad_examples: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         lay = self.layout
@@ -213,11 +160,12 @@ def preprocess(
     opts = ParseOptions(caps=caps, dense_floor=dense_floor, skip_bad_rows=skip_bad_rows)
     staging = prepare_staging(out, overwrite)
     try:
-        manifest = _convert(
+        manifest = _run(
             files, staging, opts, fmt, labels, frequency_threshold, rows_per_day, workers,
             block_bytes, progress,
         )  # fmt: skip
         atomic_write_json(staging / MANIFEST, manifest)
+        os.chmod(staging / MANIFEST, 0o644)  # a data set, readable like the npy files
         publish(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -227,7 +175,7 @@ def preprocess(
     return PreprocessResult(out, manifest, seconds)
 
 
-def _convert(
+def _run(
     files: list[Path],
     staging: Path,
     opts: ParseOptions,
@@ -243,21 +191,17 @@ def _convert(
 
     states = [_InputState(i, f) for i, f in enumerate(files)]
     days: list[DayWriter] = []
-    day_records: list[dict[str, Any]] = []
-    bad_examples: list[dict[str, Any]] = []
     counts = FrequencyCounts(opts.caps, threshold) if threshold and opts.caps is not None else None
     caps_list = [int(c) for c in opts.caps] if opts.caps is not None else []
     id_max = np.zeros(NUM_CAT, dtype=np.uint64)
     hasher = ThreadPoolExecutor(1, thread_name_prefix="criteo-sha256")
-    hashes: dict[str, Future[str]] = {}
     current: DayWriter | None = None
 
     def close_day(day: DayWriter) -> None:
         day.close()
-        kinds = KINDS if counts is None else ("dense", "labels")
-        for kind in kinds:
-            name = day_file(day.index, kind)
-            hashes[name] = hasher.submit(sha256_file, staging / name, sync=True)
+        # with a threshold, the sparse file is rewritten (and then hashed) at the end
+        for kind in KINDS if counts is None else ("dense", "labels"):
+            day.hashes[kind] = hasher.submit(sha256_file, day.files[kind].path, sync=True)
 
     def consume(fut: Future[tuple[ParsedBlock, Any]], state: _InputState) -> None:
         nonlocal current, id_max
@@ -275,8 +219,8 @@ def _convert(
         state.padded_rows += block.padded_rows
         state.missing_labels += block.missing_labels
         state.clamped_values += block.clamped_values
-        for b in block.bad_rows[: max(0, _BAD_ROW_EXAMPLES - len(bad_examples))]:
-            bad_examples.append(
+        for b in block.bad_rows[: max(0, _BAD_ROW_EXAMPLES - len(state.bad_examples))]:
+            state.bad_examples.append(
                 {"path": str(state.path), "line": b.line + offset, "reason": b.reason}
             )
         pos = 0
@@ -306,6 +250,7 @@ def _convert(
     total = sum(f.stat().st_size for f in files)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="preprocess", disable=not progress)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="criteo-parse")
+    ok = False
     try:
         pending: deque[tuple[Future[tuple[ParsedBlock, Any]], _InputState]] = deque()
         for state in states:
@@ -330,16 +275,30 @@ def _convert(
         if current is not None:
             close_day(current)
             current = None
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
-        hasher.shutdown(wait=True, cancel_futures=True)
-        if current is not None:
-            current.abort()
-        raise
+        bar.close()
+        manifest = _finish(files, states, days, staging, opts, threshold, counts, id_max, hasher)
+        ok = True
+        return manifest
     finally:
         bar.close()
-    pool.shutdown()
+        pool.shutdown(wait=True, cancel_futures=True)
+        hasher.shutdown(wait=True, cancel_futures=not ok)
+        if current is not None:
+            current.abort()
 
+
+def _finish(
+    files: list[Path],
+    states: list[_InputState],
+    days: list[DayWriter],
+    staging: Path,
+    opts: ParseOptions,
+    threshold: int,
+    counts: FrequencyCounts | None,
+    id_max: np.ndarray,
+    hasher: ThreadPoolExecutor,
+) -> dict[str, Any]:
+    """Warnings, the frequency remap, checksums and the manifest, once every block is in."""
     for state in states:
         if state.rows == 0:
             logger.warning("%s: no rows", state.path)
@@ -365,48 +324,20 @@ def _convert(
     if not days:
         raise CriteoFormatError("the inputs hold no rows")
 
+    caps_list = [int(c) for c in opts.caps] if opts.caps is not None else []
     if counts is not None:
         logger.info("frequency threshold %d: remapping the sparse ids", threshold)
         remaps = counts.remaps()
         cardinalities = [int(r.max()) + 1 for r in remaps]
         for day in days:
-            name = day_file(day.index, "sparse")
-            remap_day(staging / name, remaps)
-            hashes[name] = hasher.submit(sha256_file, staging / name, sync=True)
+            path = staging / day_file(day.index, "sparse")
+            remap_day(path, remaps)
+            day.hashes["sparse"] = hasher.submit(sha256_file, path, sync=True)
         del remaps
     elif opts.caps is not None:
         cardinalities = caps_list
     else:
         cardinalities = [int(m) + 1 for m in id_max]
-    hasher.shutdown(wait=True)
-
-    for day in days:
-        files_rec = {}
-        for kind in KINDS:
-            name = day_file(day.index, kind)
-            path = staging / name
-            f = day.files[kind]
-            files_rec[kind] = {
-                "file": name,
-                "dtype": f.dtype.str,
-                "shape": [day.rows, f.columns],
-                "bytes": path.stat().st_size,
-                "sha256": hashes[name].result(),
-            }
-        day_records.append(
-            {
-                "day": day.index,
-                "rows": day.rows,
-                "labeled": day.labeled,
-                "positives": day.positives if day.labeled else None,
-                "source": {
-                    "input": day.input_index,
-                    "path": str(files[day.input_index]),
-                    "rows": [day.input_row, day.input_row + day.rows],
-                },
-                "files": files_rec,
-            }
-        )
     return {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
@@ -425,9 +356,9 @@ def _convert(
         },
         "skip_bad_rows": opts.skip_bad_rows,
         "bad_rows": sum(s.bad_rows for s in states),
-        "bad_row_examples": bad_examples,
+        "bad_row_examples": [b for s in states for b in s.bad_examples][:_BAD_ROW_EXAMPLES],
         "inputs": [s.record() for s in states],
-        "days": day_records,
+        "days": [day.record(str(files[day.input_index])) for day in days],
     }
 
 
