@@ -240,7 +240,7 @@ def criteo_splits(cfg: CriteoData) -> DataSplits:
         return [(d, 0, by_index[d].rows) for d in days]
 
     val_segs, test_segs = segments(val_days), segments(test_days)
-    if val_days == test_days:
+    if set(val_days) == set(test_days):
         val_segs, test_segs = [], []
         for d in val_days:
             n = by_index[d].rows

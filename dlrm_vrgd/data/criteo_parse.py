@@ -114,7 +114,7 @@ class ParsedBlock:
     padded_rows: int
     missing_labels: int
     clamped_values: int
-    id_max: np.ndarray  # 26 uint64: the largest id per column (before capping)
+    id_max: np.ndarray  # 26 uint64: the largest id per column (uncapped runs only, else 0)
     lines: int = 0  # lines in the block (newlines), for numbering the next block's lines
 
     def __len__(self) -> int:
@@ -184,19 +184,25 @@ def _convert(table: pa.Table, layout: Layout, opts: ParseOptions) -> ParsedBlock
             raise _Invalid
     else:
         labels = np.full(n, -1, dtype=np.int32)
-    ints = np.stack([_ints(table, c) for c in INT_NAMES])  # 13 x N
+    ints = np.empty((len(INT_NAMES), n), dtype=np.int64)  # 13 x N
+    for j, name in enumerate(INT_NAMES):
+        ints[j] = _ints(table, name)
     floor = opts.dense_floor
     clamped = int(np.count_nonzero(ints < floor))
     np.clip(ints, floor, _DENSE_MAX, out=ints)  # the top clip only keeps x - floor from wrapping
     ints -= floor - 2
     dense = ints.T.astype(np.float32, order="C")
     np.log(dense, out=dense)
-    ids = np.stack([_hex(table, c) for c in CAT_NAMES])  # 26 x N uint64
-    id_max = ids.max(axis=1) if n else np.zeros(NUM_CAT, dtype=np.uint64)
+    ids = np.empty((NUM_CAT, n), dtype=np.uint64)  # 26 x N
+    for j, name in enumerate(CAT_NAMES):
+        ids[j] = _hex(table, name)
+    id_max = np.zeros(NUM_CAT, dtype=np.uint64)  # only uncapped ids need it (cardinalities)
     if opts.caps is not None:
         ids %= opts.caps[:, None]
-    elif np.any(id_max >= np.uint64(1 << 63)):
-        raise _Invalid
+    elif n:
+        id_max = ids.max(axis=1)
+        if np.any(id_max >= np.uint64(1 << 63)):
+            raise _Invalid
     sparse = ids.T.astype(np.int64, order="C")
     return ParsedBlock(labels, dense, sparse, [], 0, missing_labels, clamped, id_max)
 

@@ -240,6 +240,7 @@ def test_matches_torchrec_tsv_to_npys(tmp_path: Path) -> None:
 
 # -------------------------------------------------------------------------- parse rules
 ROW = ["1", "5", "-2", "", "0"] + [""] * 9 + ["68fd1e64", "", "0000000a"] + [""] * 23
+ROW_NAMES = [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
 HEX = 0x68FD1E64
 
 
@@ -543,6 +544,20 @@ def test_directory_input_is_read_in_natural_order(tmp_path: Path) -> None:
         (raw / f"day_{i}").write_text(line([str(i % 2)] + ROW[1:]) + "\n")
     m = run([raw], tmp_path / "out")
     assert [Path(i["path"]).name for i in m["inputs"]] == ["day_1", "day_2", "day_10"]
+
+
+def test_empty_inputs_make_no_day(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "header_only.csv").write_text(",".join(["Label", *ROW_NAMES]) + "\n")
+    (tmp_path / "day").write_text(line(ROW) + "\n")
+    inputs = [tmp_path / "empty", tmp_path / "day", tmp_path / "header_only.csv"]
+    m = run(inputs, tmp_path / "out")
+    assert [(d["day"], d["source"]["input"]) for d in m["days"]] == [(0, 1)]
+    assert [i["rows"] for i in m["inputs"]] == [0, 1, 0]
+    assert "empty: no rows" in caplog.text
+    with pytest.raises(CriteoFormatError, match="no rows"):
+        run([tmp_path / "empty"], tmp_path / "out2")
+    assert not (tmp_path / "out2").exists()
 
 
 def test_split_config_errors_name_the_field(tmp_path: Path) -> None:
