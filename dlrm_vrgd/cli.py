@@ -237,20 +237,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(fn=cmd_generate)
 
     pp = sub.add_parser("preprocess", help="raw Criteo logs (TSV/CSV, gzip) -> npy day files")
-    pp.add_argument("--input", nargs="+", required=True, metavar="PATH", help="files or dirs")
+    pp.add_argument(
+        "--input", nargs="+", required=True, metavar="PATH",
+        help="raw files, or directories (their files in natural order); one day each",
+    )  # fmt: skip
     pp.add_argument("--out", required=True, help="output directory (appears when complete)")
     pp.add_argument("--format", choices=["auto", "tsv", "csv"], default="auto")
-    pp.add_argument("--max-rows-per-table", metavar="N[,N...]", help="id %% N: one N or 26")
+    pp.add_argument("--max-rows-per-table", metavar="N[,N...]", help="ids -> id %% N (1 or 26)")
     pp.add_argument(
-        "--frequency-threshold", type=int, default=0, metavar="F", help="ids seen < F times -> 0"
-    )
-    pp.add_argument("--skip-bad-rows", action="store_true", help="count malformed rows, go on")
+        "--frequency-threshold", type=int, default=0, metavar="F",
+        help="ids seen < F times share row 0 (needs --max-rows-per-table)",
+    )  # fmt: skip
+    pp.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows, count them")
     pp.add_argument("--rows-per-day", type=int, metavar="R", help="cut each input into R-row days")
-    pp.add_argument("--labels", choices=["auto", "yes", "no"], default="auto")
-    pp.add_argument("--dense-floor", type=int, default=-3, help="x -> log(max(x,f) - f + 2)")
+    pp.add_argument(
+        "--labels", choices=["auto", "yes", "no"], default="auto",
+        help="label column? auto: the header, or any 40-field line in the first block",
+    )  # fmt: skip
+    pp.add_argument("--dense-floor", type=int, default=-3, metavar="M", help="log(max(x,M)-M+2)")
     pp.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
     pp.add_argument("--workers", type=int, help="parsing threads (default: all cores)")
-    pp.add_argument("--no-progress", action="store_true")
+    pp.add_argument("--no-progress", action="store_true", help="no progress bar")
     pp.set_defaults(fn=cmd_preprocess)
 
     c = sub.add_parser("config", help="print the resolved config")
