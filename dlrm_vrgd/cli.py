@@ -152,6 +152,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(args.host, args.port, args.data_dir, args.max_jobs, args.job_timeout)
 
 
+def cmd_study(args: argparse.Namespace) -> int:
+    from dlrm_vrgd.study import load_study, run_study
+
+    study = load_study(args.config, args.set)
+    out = Path(args.out or REPO / "runs" / f"study-{study.name}")
+    print(
+        f"study {study.name}: {len(study.cells())} cells "
+        f"({len(study.batch_sizes)} batch sizes x {len(study.optimizers)} optimizers x "
+        f"{len(study.lr_multipliers)} LRs x {len(study.seeds)} seeds), "
+        f"{study.steps_at_largest:,} steps at the largest batch -> {out}"
+    )
+    progress = ProgressLine()
+
+    def on_cell(i: int, total: int, cell: Any, status: str) -> None:
+        if status == "skip":
+            print(f"[{i + 1}/{total}] {cell.id}: finished before, skipped")
+        elif status == "start":
+            print(f"[{i + 1}/{total}] {cell.id}", flush=True)
+
+    results = run_study(study, out, on_cell=on_cell, train_callbacks=[progress])
+    print((out / "results.md").read_text())
+    print(
+        f"results: {out}/results.json, results.csv, results.md and *.png "
+        f"({results['cells_finished']}/{results['cells_total']} cells)"
+    )
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from dlrm_vrgd.data.export import export_split
 
@@ -259,6 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--workers", type=int, help="parsing threads (default: all cores)")
     pp.add_argument("--no-progress", action="store_true", help="no progress bar")
     pp.set_defaults(fn=cmd_preprocess)
+
+    st = sub.add_parser("study", help="run a batch-size study (resumable) and write its report")
+    st.add_argument("--config", required=True, help="YAML StudyConfig (see configs/study_*.yaml)")
+    st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    st.add_argument("--out", help="study directory (default runs/study-NAME)")
+    st.set_defaults(fn=cmd_study)
 
     c = sub.add_parser("config", help="print the resolved config")
     with_config(c, required=False)

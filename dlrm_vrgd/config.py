@@ -59,6 +59,9 @@ class SyntheticData(_Section):
     teacher_rank: PositiveInt = 4
     signal_scale: Annotated[float, Field(gt=0.0)] = 1.6
     chunk_rows: PositiveInt = 8192
+    #: Keep up to this many MB of generated rows in memory, shared by every run of a process
+    #: with the same data (a study trains many cells on the same rows); 0 = none.
+    cache_mb: Annotated[int, Field(ge=0)] = 0
 
 
 class CriteoData(_Section):
@@ -128,7 +131,7 @@ class ModelConfig(_Section):
 
 # ---------------------------------------------------------------------------------- optim
 DenseOptimizerName = Literal[
-    "sgd", "adam", "adamw", "adagrad", "vrsgd", "vradam", "vrlars", "vrlamb"
+    "sgd", "adam", "adamw", "adagrad", "lars", "lamb", "vrsgd", "vradam", "vrlars", "vrlamb"
 ]
 SparseOptimizerName = Literal["rowwise_adagrad", "sgd", "gsnr_rowwise_adagrad", "gsnr_sgd"]
 
@@ -136,7 +139,7 @@ SparseOptimizerName = Literal["rowwise_adagrad", "sgd", "gsnr_rowwise_adagrad", 
 class DenseOptimConfig(_Section):
     """Dense-layer optimizer. ``vr*`` names are the VRGD variants of sgd / adamw / LARS / LAMB
     (DESIGN.md 4.2); ``gamma`` and ``gsnr_beta`` apply to them only, ``trust_coefficient`` to
-    vrlars."""
+    (vr)lars. ``lars`` / ``lamb`` are the plain algorithms (VRLARS / VRLAMB with γ = 1)."""
 
     name: DenseOptimizerName = "adamw"
     lr: Annotated[float, Field(gt=0.0)] = 1e-3
@@ -216,6 +219,9 @@ class RunConfig(_Section):
     eval_batch: PositiveInt = 16_384
     #: Rows of the validation split used by periodic evals (None: all of it).
     eval_rows: PositiveInt | None = None
+    #: At the end, also score the first N training rows (split "train"; 0 = skip), to show
+    #: the train - test gap.
+    final_train_eval_rows: Annotated[int, Field(ge=0)] = 0
     checkpoint_every: Annotated[int, Field(ge=0)] = 0
     keep_checkpoints: PositiveInt = 2
     log_every: PositiveInt = 1
@@ -224,6 +230,9 @@ class RunConfig(_Section):
     seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
     threads: PositiveInt | None = None
+    #: Fix glibc's mmap threshold (KiB) so freed buffers return to the system: resident memory
+    #: stops creeping over many micro-batches, steps get slower (see train/malloc.py); 0 = off.
+    malloc_mmap_threshold_kb: Annotated[int, Field(ge=0)] = 0
     #: Processes per node, nodes (torchrun); world size W = nnodes x nproc_per_node.
     nproc_per_node: PositiveInt = 1
     nnodes: PositiveInt = 1

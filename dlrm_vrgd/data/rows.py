@@ -22,6 +22,11 @@ class Rows:
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.dense, self.sparse, self.labels, self.probs)
+        return sum(a.nbytes for a in arrays if a is not None)
+
     def slice(self, start: int, stop: int) -> Rows:
         return Rows(
             dense=self.dense[start:stop],

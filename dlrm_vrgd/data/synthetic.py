@@ -26,6 +26,7 @@ on its own, in any order, by any process, without holding the data set in memory
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -89,6 +90,11 @@ class SyntheticCriteo:
     @property
     def num_tables(self) -> int:
         return len(self.cardinalities)
+
+    @cached_property
+    def cache_key(self) -> str:
+        """Identifies the rows this generator produces (everything but the cache size)."""
+        return self.cfg.model_dump_json(exclude={"cache_mb"})
 
     def split_rows(self, split: str) -> int:
         return {"train": self.cfg.train_rows, "val": self.cfg.val_rows, "test": self.cfg.test_rows}[
@@ -202,6 +208,30 @@ class SyntheticCriteo:
         )
 
 
+class _ChunkCache:
+    """Generated chunks kept across runs of one process, least recently used evicted first."""
+
+    def __init__(self) -> None:
+        self._chunks: OrderedDict[tuple[str, str, int], Rows] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: tuple[str, str, int]) -> Rows | None:
+        rows = self._chunks.get(key)
+        if rows is not None:
+            self._chunks.move_to_end(key)
+        return rows
+
+    def put(self, key: tuple[str, str, int], rows: Rows, budget: int) -> None:
+        self._chunks[key] = rows
+        self._bytes += rows.nbytes
+        while self._bytes > budget and len(self._chunks) > 1:
+            _, old = self._chunks.popitem(last=False)
+            self._bytes -= old.nbytes
+
+
+_SHARED_CHUNKS = _ChunkCache()
+
+
 class SyntheticSource:
     """One split of a :class:`SyntheticCriteo` as a random-access row source."""
 
@@ -215,9 +245,17 @@ class SyntheticSource:
         self._cache: tuple[int, Rows] | None = None
 
     def _chunk(self, c: int) -> Rows:
-        if self._cache is None or self._cache[0] != c:
-            self._cache = (c, self.gen.generate(self.split, c))
-        return self._cache[1]
+        if self._cache is not None and self._cache[0] == c:
+            return self._cache[1]
+        budget = self.gen.cfg.cache_mb << 20
+        key = (self.gen.cache_key, self.split, c)
+        rows = _SHARED_CHUNKS.get(key) if budget else None
+        if rows is None:
+            rows = self.gen.generate(self.split, c)
+            if budget:
+                _SHARED_CHUNKS.put(key, rows, budget)
+        self._cache = (c, rows)
+        return rows
 
     def read(self, start: int, stop: int) -> Rows:
         """Rows ``[start, stop)`` of the split."""

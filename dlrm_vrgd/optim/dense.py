@@ -93,6 +93,8 @@ def build_dense_optimizer(
 ) -> DenseOptimizer:
     """The dense optimizer named by ``cfg``, with the group protocol (collect / step)."""
     named = list(named_params)
+    if cfg.name in ("lars", "lamb"):  # the plain algorithms: their VR classes with γ = 1
+        cfg = cfg.model_copy(update={"name": f"vr{cfg.name}", "gamma": 1.0})
     if cfg.name in VR_OPTIMIZERS:
         common = {
             "lr": cfg.lr,

@@ -64,27 +64,32 @@ class RowAccumulator:
 
     ``grad_sum[i]`` = Σ_d g_{d,row_i} (D-vector), ``sq_sum[i]`` = Σ_d ‖g_{d,row_i}‖²,
     ``n_groups[i]`` = number of groups that touched ``row_i``; ``rows[:size]`` in first-touch order.
+
+    On the CPU the buffers are reserved for every row of the table at once: the operating system
+    commits a page only when it is first written, so resident memory follows the rows actually
+    touched and never needs a grow-and-copy (whose old and new buffers would both be alive). On a
+    GPU, whose allocations are committed in full, they grow geometrically instead.
     """
 
     def __init__(self, num_rows: int, dim: int, device: torch.device | None = None) -> None:
         self.dim = dim
-        self.device = device
-        self.slot = torch.full((num_rows,), -1, dtype=torch.int32, device=device)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.slot = torch.full((num_rows,), -1, dtype=torch.int32, device=self.device)
         self.size = 0
-        self._alloc(0)
+        self._alloc(num_rows if self.device.type == "cpu" else 0)
 
     def _alloc(self, capacity: int) -> None:
         self.rows = torch.empty(capacity, dtype=torch.int64, device=self.device)
-        self.grad_sum = torch.zeros(capacity, self.dim, device=self.device)
-        self.sq_sum = torch.zeros(capacity, device=self.device)
-        self.n_groups = torch.zeros(capacity, dtype=torch.int32, device=self.device)
+        self.grad_sum = torch.empty(capacity, self.dim, device=self.device)
+        self.sq_sum = torch.empty(capacity, device=self.device)
+        self.n_groups = torch.empty(capacity, dtype=torch.int32, device=self.device)
 
     def _reserve(self, needed: int) -> None:
         if needed <= self.rows.numel():
             return
         old = (self.rows, self.grad_sum, self.sq_sum, self.n_groups)
-        # grow geometrically, but never past one slot per table row
-        self._alloc(min(max(needed, 2 * self.rows.numel(), 1024), self.slot.numel()))
+        grown = max(needed, self.rows.numel() * 3 // 2, 1024)
+        self._alloc(min(grown, self.slot.numel()))  # never past one slot per table row
         new_bufs = (self.rows, self.grad_sum, self.sq_sum, self.n_groups)
         for new, prev in zip(new_bufs, old, strict=True):
             new[: self.size] = prev[: self.size]
@@ -272,12 +277,12 @@ class SparseRowwiseOptimizer:
         per_table: list[RowStep | None],
         entries: list[dict[str, Any]],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ratio and update ``r_row · ḡ_row`` of every touched row of one row space: returns
-        ``(global rows sorted, updates)`` and fills the per-table views and telemetry."""
+        """Ratio and update ``r_row · ḡ_row`` of every touched row of one row space, computed
+        in place in the accumulator's buffer (no copy of the ``U x D`` sums): returns
+        ``(global rows, updates)`` and fills the per-table telemetry (and, with
+        ``record_rows``, the per-table :class:`RowStep`)."""
         k = self.k
         rows, grad_sum, sq_sum, n_groups = acc.drain()
-        rows, order = torch.sort(rows)
-        grad_sum = grad_sum.index_select(0, order)
         table_ix = space.table_index(rows)
         n_tables = len(space.tables)
         raw = ratio = torch.ones(rows.numel(), device=grad_sum.device)
@@ -285,29 +290,31 @@ class SparseRowwiseOptimizer:
         if self.gsnr:
             if k >= 2:
                 signal = row_sq_norm(grad_sum) / (k * k)
-                raw, degenerate = self._raw(li, s, rows, signal, sq_sum[order] / k)
+                raw, degenerate = self._raw(li, s, rows, signal, sq_sum / k)
             else:
                 degenerate = torch.ones(rows.numel(), dtype=torch.bool, device=raw.device)
             ratio, seg = normalize_clip(raw, degenerate, self.gamma, table_ix, n_tables)
             stats = seg.as_dicts()
-        # the update of each row, r_row · ḡ_row, in one pass over the sums
-        update = grad_sum.mul_((ratio / k)[:, None])
+        update = grad_sum.mul_((ratio / k)[:, None])  # r_row · ḡ_row, in place
         counts = torch.bincount(table_ix, minlength=n_tables).tolist()
         multi = torch.zeros(n_tables, dtype=torch.int64, device=rows.device)
-        multi.index_add_(0, table_ix, (n_groups[order] >= 2).to(torch.int64))
-        starts = torch.tensor(space.offsets[:-1], dtype=torch.int64, device=rows.device)
-        local = rows - starts[table_ix]
-        parts = zip(
-            space.tables,
-            local.split(counts),
-            update.split(counts),
-            raw.split(counts),
-            ratio.split(counts),
-            strict=True,
-        )
-        for i, (t, r, u, rw, rt) in enumerate(parts):
-            per_table[t] = RowStep(r, u, rw, rt)
+        multi.index_add_(0, table_ix, (n_groups >= 2).to(torch.int64))
+        for i, t in enumerate(space.tables):
             entries[t] = {"touched_rows": counts[i], "multi_group_rows": int(multi[i]), **stats[i]}
+        if self.record_rows:
+            order = torch.argsort(rows)
+            starts = torch.tensor(space.offsets[:-1], dtype=torch.int64, device=rows.device)
+            local = (rows - starts[table_ix])[order]
+            parts = zip(
+                space.tables,
+                local.split(counts),
+                update[order].split(counts),
+                raw[order].split(counts),
+                ratio[order].split(counts),
+                strict=True,
+            )
+            for t, r, u, rw, rt in parts:
+                per_table[t] = RowStep(r, u, rw, rt)
         return rows, update
 
     def summary(self) -> list[dict[str, Any]]:

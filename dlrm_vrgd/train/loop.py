@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from dlrm_vrgd.train.distributed import (
     sharded_lookups,
 )
 from dlrm_vrgd.train.evaluate import EvalBatch, evaluate_share, rank_share
+from dlrm_vrgd.train.malloc import set_mmap_threshold
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ RESUMABLE_CHANGES = {
     "run.log_every",
     "run.eval_rows",
     "run.threads",
+    "run.malloc_mmap_threshold_kb",
 }
 
 
@@ -82,7 +84,7 @@ class RunResult:
     train_seconds: float
     eval_seconds: float
     out_dir: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] | None = None  # the final eval of training rows, when asked for
 
     @property
     def rows_per_second(self) -> float:
@@ -108,6 +110,7 @@ class Trainer:
         )
         if run.threads:
             torch.set_num_threads(run.threads)
+        set_mmap_threshold(run.malloc_mmap_threshold_kb)
         self.splits = splits if splits is not None else build_splits(cfg.data)
         self.A = run.accumulation_steps
         self.stream = TrainStream(self.splits.train, run.global_batch, run.micro_batch, run.seed)
@@ -414,8 +417,11 @@ def train(
         t0 = time.perf_counter()
         val = _eval_record(trainer, "val", None)
         test = _eval_record(trainer, "test", None)
+        finals = [val, test]
+        if run.final_train_eval_rows:
+            finals.append(_eval_record(trainer, "train", run.final_train_eval_rows))
         eval_s += time.perf_counter() - t0
-        for ev in (val, test):
+        for ev in finals:
             if metrics:
                 metrics.write(ev)
             for cb in callbacks:
@@ -437,6 +443,7 @@ def train(
         train_seconds=train_s,
         eval_seconds=eval_s,
         out_dir=out,
+        train=_strip(finals[2]) if len(finals) > 2 else None,
     )
     if writing:
         assert out is not None
@@ -459,6 +466,7 @@ def _write_result(
             "final_loss": result.losses[-1] if result.losses else None,
             "val": result.val,
             "test": result.test,
+            "train": result.train,
             "best_val": result.best_val,
             "timings": {
                 "train_seconds": result.train_seconds,
@@ -478,7 +486,11 @@ def _write_result(
 
 
 def _eval_record(trainer: Trainer, split: str, limit: int | None) -> dict[str, Any]:
-    source = trainer.splits.val if split == "val" else trainer.splits.test
+    source = {
+        "train": trainer.splits.train,
+        "val": trainer.splits.val,
+        "test": trainer.splits.test,
+    }[split]
     m = trainer.evaluate(source, limit)
     record = {
         "kind": "eval",

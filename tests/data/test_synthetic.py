@@ -129,3 +129,20 @@ def test_signal_scale_sets_oracle_auc() -> None:
     auc_weak = auc(torch.from_numpy(weak.probs), torch.from_numpy(weak.labels))
     auc_strong = auc(torch.from_numpy(strong.probs), torch.from_numpy(strong.labels))
     assert 0.55 < auc_weak < auc_strong - 0.1
+
+
+def test_shared_chunk_cache_generates_each_chunk_once(monkeypatch) -> None:
+    calls: list[tuple[str, int]] = []
+    real = SyntheticCriteo.generate
+
+    def counting(self, split, chunk):
+        calls.append((split, chunk))
+        return real(self, split, chunk)
+
+    monkeypatch.setattr(SyntheticCriteo, "generate", counting)
+    first = make(cache_mb=16, seed=11).source("train").read(0, 12_000)
+    second = make(cache_mb=16, seed=11).source("train").read(0, 12_000)  # another run, same data
+    np.testing.assert_array_equal(first.sparse, second.sparse)
+    assert calls == [("train", 0), ("train", 1), ("train", 2)]
+    make(cache_mb=16, seed=12).source("train").read(0, 100)  # other data: its own chunks
+    assert calls[-1] == ("train", 0) and len(calls) == 4

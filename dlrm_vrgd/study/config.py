@@ -1,0 +1,175 @@
+"""A batch-size study: the grid, and the rules that turn it into training jobs (cells).
+
+The grid is ``batch_sizes x optimizers x lr_multipliers x seeds``. Each cell trains one epoch
+over the same ``steps_at_largest x max(batch_sizes)`` training rows, so the largest batch gets
+``steps_at_largest`` optimizer steps and a batch ``2^j`` times smaller gets ``2^j`` times more.
+Learning rates: an optimizer's base LRs are set at ``reference_batch`` and scaled to each batch
+by ``lr_rule`` (the square-root rule by default); the sweep multiplies that by each of
+``lr_multipliers`` — values below 1 are below the rule. Warm-up and decay follow each cell's own
+step count. Selection of the LR is on the validation split; the test split only reports.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dlrm_vrgd.config import ConfigError, TrainConfig, format_validation_error, parse_config
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StudyOptimizer(_Section):
+    """One optimizer of the grid: dense and sparse settings plus base LRs at the reference
+    batch. ``baseline`` names the optimizer this one is compared against (its base)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$")]
+    dense: dict[str, Any]
+    sparse: dict[str, Any]
+    dense_lr: Annotated[float, Field(gt=0)]
+    sparse_lr: Annotated[float, Field(gt=0)]
+    baseline: str | None = None
+
+
+class StudyConfig(_Section):
+    name: str = "study"
+    #: A TrainConfig the cells start from (data, model, and run settings such as eval_rows).
+    base: dict[str, Any]
+    batch_sizes: list[PositiveInt] = Field(min_length=1)
+    max_micro_batch: PositiveInt = 4096
+    steps_at_largest: PositiveInt = 3000
+    optimizers: list[StudyOptimizer] = Field(min_length=1)
+    lr_rule: Literal["sqrt", "linear", "none"] = "sqrt"
+    reference_batch: PositiveInt = 1024
+    lr_multipliers: list[Annotated[float, Field(gt=0)]] = Field(
+        default_factory=lambda: [0.125, 0.25, 0.5, 1.0, 2.0], min_length=1
+    )
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    decay: Literal["none", "poly", "cosine"] = "cosine"
+    min_lr_factor: Annotated[float, Field(ge=0, le=1)] = 0.0
+    evals_per_run: PositiveInt = 10
+    #: "Rows to reach" this validation AUC; None: 0.01 below the oracle's validation AUC.
+    target_auc: Annotated[float, Field(gt=0.5, lt=1.0)] | None = None
+    train_eval_rows: PositiveInt = 50_000
+
+    @model_validator(mode="after")
+    def _check(self) -> StudyConfig:
+        largest = max(self.batch_sizes)
+        for g in self.batch_sizes:
+            if largest % g:
+                raise ValueError(f"batch_sizes: {g} does not divide the largest, {largest}")
+            b = min(g, self.max_micro_batch)
+            if g % b:
+                raise ValueError(f"batch_sizes: {g} is not a multiple of max_micro_batch {b}")
+        names = [o.name for o in self.optimizers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"optimizers: names must be unique, got {names}")
+        for o in self.optimizers:
+            if o.baseline is not None and o.baseline not in names:
+                raise ValueError(f"optimizers.{o.name}.baseline: no optimizer {o.baseline!r}")
+        if len(set(self.batch_sizes)) != len(self.batch_sizes):
+            raise ValueError("batch_sizes: repeated value")
+        return self
+
+    @property
+    def train_rows(self) -> int:
+        """The data sizing rule: the largest batch gets ``steps_at_largest`` steps."""
+        return self.steps_at_largest * max(self.batch_sizes)
+
+    def steps(self, global_batch: int) -> int:
+        return self.train_rows // global_batch
+
+    def lr_scale(self, global_batch: int) -> float:
+        ratio = global_batch / self.reference_batch
+        return {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}[self.lr_rule]
+
+    def cells(self) -> list[Cell]:
+        return [
+            Cell(g, o.name, m, seed)
+            for g in sorted(self.batch_sizes)
+            for o in self.optimizers
+            for m in self.lr_multipliers
+            for seed in self.seeds
+        ]
+
+    def optimizer(self, name: str) -> StudyOptimizer:
+        return next(o for o in self.optimizers if o.name == name)
+
+    def cell_config(self, cell: Cell) -> TrainConfig:
+        """The TrainConfig of one cell (see the module docstring for the rules)."""
+        opt = self.optimizer(cell.optimizer)
+        steps = self.steps(cell.global_batch)
+        scale = self.lr_scale(cell.global_batch) * cell.lr_multiplier
+        raw = yaml.safe_load(yaml.safe_dump(self.base))  # deep copy
+        raw.setdefault("data", {})["train_rows"] = self.train_rows
+        raw["optim"] = {
+            "dense": {**opt.dense, "lr": opt.dense_lr * scale},
+            "sparse": {**opt.sparse, "lr": opt.sparse_lr * scale},
+            "schedule": {
+                "warmup_steps": math.ceil(self.warmup_fraction * steps),
+                "decay": self.decay,
+                "min_lr_factor": self.min_lr_factor,
+                "lr_scaling": "none",
+            },
+        }
+        run = raw.setdefault("run", {})
+        run.update(
+            global_batch=cell.global_batch,
+            micro_batch=min(cell.global_batch, self.max_micro_batch),
+            steps=None,
+            epochs=1,
+            seed=cell.seed,
+            eval_every=max(1, steps // self.evals_per_run),
+            checkpoint_every=0,
+            final_train_eval_rows=self.train_eval_rows,
+        )
+        return parse_config(raw, source=f"study cell {cell.id}")
+
+
+class Cell(BaseModel):
+    """One training job of the grid."""
+
+    model_config = ConfigDict(frozen=True)
+
+    global_batch: int
+    optimizer: str
+    lr_multiplier: float
+    seed: int
+
+    def __init__(self, global_batch: int, optimizer: str, lr_multiplier: float, seed: int) -> None:
+        super().__init__(
+            global_batch=global_batch, optimizer=optimizer, lr_multiplier=lr_multiplier, seed=seed
+        )
+
+    @property
+    def id(self) -> str:
+        return f"G{self.global_batch}-{self.optimizer}-lr{self.lr_multiplier:g}-s{self.seed}"
+
+
+def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyConfig:
+    """Read a study YAML (``--set`` overrides as for train configs)."""
+    from dlrm_vrgd.config import apply_overrides
+
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"study config not found: {path}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        study = StudyConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, str(path))) from None
+    study.cell_config(study.cells()[0])  # the base config must make valid cells
+    return study

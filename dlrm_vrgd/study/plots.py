@@ -1,0 +1,155 @@
+"""The study's PNG plots (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from dlrm_vrgd.study.config import StudyConfig
+from dlrm_vrgd.train.rundir import read_jsonl
+
+
+def write_plots(
+    study: StudyConfig, summary: list[dict[str, Any]], cells: list[dict[str, Any]], out: Path
+) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    names = [o.name for o in study.optimizers]
+    colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
+    vr = {o.name for o in study.optimizers if o.baseline}
+
+    # 1. test AUC against batch size, best LR on validation, mean ± sd over seeds
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in names:
+        pts = sorted(
+            (s["global_batch"], s["test_auc"], s["test_auc_sd"])
+            for s in summary
+            if s["optimizer"] == name
+        )
+        if pts:
+            xs, ys, es = zip(*pts, strict=True)
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=es,
+                marker="o",
+                capsize=4,
+                color=colors[name],
+                label=name,
+                linestyle="-" if name in vr else "--",
+            )
+    oracle = [c["oracle_test_auc"] for c in cells if c["oracle_test_auc"] is not None]
+    if oracle:
+        ax.axhline(sum(oracle) / len(oracle), color="grey", linestyle=":", label="oracle")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(study.batch_sizes), [f"{g:,}" for g in sorted(study.batch_sizes)])
+    ax.minorticks_off()
+    ax.set_xlabel("global batch (rows)")
+    ax.set_ylabel("test AUC (best LR on val; mean ± sd over seeds)")
+    ax.set_title(f"{study.name}: AUC vs batch size")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    paths.append(_save(fig, out / "auc_vs_batch.png"))
+
+    # 2. validation AUC against rows seen, best LR, one panel per batch size
+    best = {(s["global_batch"], s["optimizer"]): s["best_lr_multiplier"] for s in summary}
+    sizes = sorted(study.batch_sizes)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 4), squeeze=False)
+    for ax, g in zip(axes[0], sizes, strict=True):
+        for name in names:
+            runs = [
+                c["val_curve"]
+                for c in cells
+                if c["global_batch"] == g
+                and c["optimizer"] == name
+                and c["lr_multiplier"] == best.get((g, name))
+            ]
+            curve = _mean_curve(runs)
+            if curve:
+                xs, ys = zip(*curve, strict=True)
+                ax.plot(
+                    xs, ys, color=colors[name], label=name, linestyle="-" if name in vr else "--"
+                )
+        ax.set_title(f"batch {g:,}")
+        ax.set_xlabel("rows seen")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("validation AUC")
+    axes[0][-1].legend()
+    paths.append(_save(fig, out / "auc_vs_rows.png"))
+
+    # 3. GSNR ratio over training (VR optimizers, best LR, seed mean), dense and tables
+    fig, (ax_d, ax_t) = plt.subplots(1, 2, figsize=(10, 4))
+    for name in sorted(vr):
+        for g in sizes:
+            ids = [
+                c["cell"]
+                for c in cells
+                if c["global_batch"] == g
+                and c["optimizer"] == name
+                and c["lr_multiplier"] == best.get((g, name))
+            ]
+            dense, tables = _gsnr_curves([out / "cells" / i / "gsnr.jsonl" for i in ids])
+            style = {
+                "color": colors[name],
+                "alpha": 0.4 + 0.6 * sizes.index(g) / max(1, len(sizes) - 1),
+            }
+            if dense:
+                ax_d.plot(*zip(*dense, strict=True), label=f"{name} G={g:,}", **style)
+            if tables:
+                ax_t.plot(*zip(*tables, strict=True), label=f"{name} G={g:,}", **style)
+    for ax, what in ((ax_d, "dense layers"), (ax_t, "embedding tables")):
+        ax.set_title(f"mean GSNR ratio, {what}")
+        ax.set_xlabel("fraction of training")
+        ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+    ax_t.legend(fontsize=8)
+    paths.append(_save(fig, out / "gsnr_ratio.png"))
+    return paths
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.tight_layout()
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def _mean_curve(runs: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
+    points: dict[int, list[float]] = defaultdict(list)
+    for run in runs:
+        for x, y in run:
+            points[x].append(y)
+    return [(x, sum(ys) / len(ys)) for x, ys in sorted(points.items()) if len(ys) == len(runs)]
+
+
+def _gsnr_curves(paths: list[Path]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """Seed-mean of the per-step weighted ratios, against the fraction of training done."""
+    dense: dict[float, list[float]] = defaultdict(list)
+    tables: dict[float, list[float]] = defaultdict(list)
+    for path in paths:
+        records = read_jsonl(path)
+        if not records:
+            continue
+        last = records[-1]["step"]
+        for rec in records:
+            x = round(rec["step"] / last, 3)
+            measured = [d for d in rec.get("dense", []) if d.get("raw_gsnr") is not None]
+            n = sum(d["numel"] for d in measured)
+            if n:
+                dense[x].append(sum(d["ratio"] * d["numel"] for d in measured) / n)
+            ts = [t for t in rec.get("tables", []) if t.get("ratio") is not None]
+            n = sum(t["touched_rows"] for t in ts)
+            if n:
+                tables[x].append(sum(t["ratio"] * t["touched_rows"] for t in ts) / n)
+    mean = [(x, sum(v) / len(v)) for x, v in sorted(dense.items())]
+    mean_t = [(x, sum(v) / len(v)) for x, v in sorted(tables.items())]
+    return mean, mean_t
