@@ -135,6 +135,33 @@ def gsnr_ratio(
     return normalize_clip(r, degenerate, gamma)
 
 
+def gsnr_ratios(
+    grad_sums: list[torch.Tensor], sq_sums: list[torch.Tensor], k: int, gamma: float
+) -> tuple[list[torch.Tensor], GSNRStats]:
+    """:func:`gsnr_ratio` of several tensors at once — each normalized by its own mean, as the
+    tensors are concatenated into one vector with a segment per tensor (a handful of kernels
+    whatever the number of tensors). Returns the ratios (shaped like the inputs, fp32) and the
+    stats with one entry per tensor."""
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"Invalid gamma: {gamma} (must be in (0, 1])")
+    if k < 1:
+        raise ValueError(f"Invalid number of groups: {k}")
+    sizes = [g.numel() for g in grad_sums]
+    device = grad_sums[0].device
+    mean = torch.cat([g.reshape(-1).float() for g in grad_sums]) / k
+    segments = torch.repeat_interleave(
+        torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device)
+    )
+    if k < 2:
+        r, degenerate = torch.ones_like(mean), torch.ones_like(mean, dtype=torch.bool)
+    else:
+        second = torch.cat([q.reshape(-1).float() for q in sq_sums]) / k
+        r, degenerate = raw_gsnr(mean * mean, second)
+    ratio, stats = normalize_clip(r, degenerate, gamma, segments, len(sizes))
+    parts = [part.view_as(g) for part, g in zip(ratio.split(sizes), grad_sums, strict=True)]
+    return parts, stats
+
+
 def rowwise_ratio(
     grad_sum: torch.Tensor, sq_sum: torch.Tensor, k: int, gamma: float
 ) -> tuple[torch.Tensor, GSNRStats]:

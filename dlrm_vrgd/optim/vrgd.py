@@ -36,7 +36,7 @@ from torch.optim import Optimizer
 from torch.optim.adam import adam as adam_update
 from torch.optim.sgd import sgd as sgd_update
 
-from dlrm_vrgd.optim.gsnr import GSNRStats, gsnr_ratio
+from dlrm_vrgd.optim.gsnr import gsnr_ratios
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class GroupGSNROptimizer(Optimizer):
         self._sums: dict[Tensor, Tensor] = {}
         self._sqs: dict[Tensor, Tensor] = {}
         self._with_sq = True
-        self._stats: list[tuple[str, int, GSNRStats | None]] = []
+        self._stats: list[tuple[str, int, dict[str, float] | None]] = []
         self._warned_single_group = False
 
     # ------------------------------------------------------------------ protocol
@@ -167,22 +167,30 @@ class GroupGSNROptimizer(Optimizer):
             self._warned_single_group = True
         self._stats = []
         for group in self.param_groups:
-            names = group.get("param_names")
-            params, means, ratios = [], [], []
-            for i, p in enumerate(group["params"]):
-                if p not in self._sums:
-                    continue
-                ratio, stats = None, None
-                if group["gamma"] < 1.0:
-                    ratio, stats = gsnr_ratio(self._sums[p], self._sqs[p], k, group["gamma"])
-                    ratio = ratio.to(p.dtype)
-                params.append(p)
-                means.append((self._sums[p] / k).to(p.dtype))
-                ratios.append(ratio)
-                name = names[i] if names else f"param{len(self._stats)}"
-                self._stats.append((name, p.numel(), stats))
-            if params:
-                self._update(group, params, means, ratios)
+            names = group.get("param_names") or [
+                f"param{len(self._stats) + i}" for i in range(len(group["params"]))
+            ]
+            present = [
+                (n, p) for n, p in zip(names, group["params"], strict=True) if p in self._sums
+            ]
+            if not present:
+                continue
+            params = [p for _, p in present]
+            means = [(self._sums[p] / k).to(p.dtype) for p in params]
+            ratios: list[Tensor | None] = [None] * len(params)
+            stats: list[dict[str, float] | None] = [None] * len(params)
+            if group["gamma"] < 1.0:
+                parts, seg = gsnr_ratios(
+                    [self._sums[p] for p in params],
+                    [self._sqs[p] for p in params],
+                    k,
+                    group["gamma"],
+                )
+                ratios = [r.to(p.dtype) for r, p in zip(parts, params, strict=True)]
+                stats = list(seg.as_dicts())
+            for (name, p), st in zip(present, stats, strict=True):
+                self._stats.append((name, p.numel(), st))
+            self._update(group, params, means, ratios)
         self._sums.clear()
         self._sqs.clear()
         self._k = 0
@@ -210,7 +218,7 @@ class GroupGSNROptimizer(Optimizer):
         fraction clipped at γ, fraction degenerate (``None`` where γ = 1 skipped the statistics)."""
         unmeasured = {"raw_gsnr": None, "ratio": 1.0, "frac_clipped": 0.0, "frac_degenerate": None}
         return [
-            {"name": n, "numel": numel, **(s.as_dict() if s is not None else unmeasured)}
+            {"name": n, "numel": numel, **(s if s is not None else unmeasured)}
             for n, numel, s in self._stats
         ]
 

@@ -172,7 +172,7 @@ def test_gamma_below_one_damps_noisy_elements() -> None:
     torch.testing.assert_close(w.detach()[100:], torch.full((100,), -0.1 * 0.05))
     (summary,) = opt.gsnr_summary()
     assert summary["frac_clipped"] == pytest.approx(0.5)
-    assert summary["ratio"] == pytest.approx(0.55)
+    assert summary["ratio"] == pytest.approx(0.55, rel=1e-5)  # a float32 mean
 
 
 def test_loss_scale_does_not_change_the_ratios() -> None:
