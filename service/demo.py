@@ -108,6 +108,11 @@ def print_result(result: dict[str, Any]) -> None:
         print(line)
 
 
+def dashboard_url(base_url: str, job_id: str) -> str:
+    """The dashboard page of one job (sign in there with the service token)."""
+    return f"{base_url}/ui/jobs/{job_id}"
+
+
 def _follow(client: ServiceClient, job: dict[str, Any]) -> dict[str, Any]:
     live = LiveLine(job["progress"].get("total_steps"))
     try:
@@ -152,6 +157,11 @@ def run_demo(
             f"dense {cfg.optim.dense.name}, tables {cfg.optim.sparse.name}",
             flush=True,
         )
+        print(
+            f"demo: watch it live in the browser: {dashboard_url(svc.base_url, job_id)}\n"
+            f"      (sign in with the token {token})",
+            flush=True,
+        )
         final = _follow(client, job)
         if final.get("state") != "succeeded":
             print(f"demo: job {final.get('state')}: {final.get('error') or ''}", file=sys.stderr)
@@ -175,10 +185,13 @@ def run_demo(
         ):
             print(f"  {label:9s} {api}/jobs/{job_id}{path}")
         print(f"  {'API docs':9s} {svc.base_url}/docs")
+        print(f"  {'dashboard':9s} {dashboard_url(svc.base_url, job_id)}")
         if not keep_serving:
             print(
                 f"the service stops now; see it all again with: dlrm-vrgd serve --data-dir "
-                f"{svc.data_dir}  (or pass --keep-serving)"
+                f"{svc.data_dir}  (or pass --keep-serving), then open "
+                f"{dashboard_url('http://127.0.0.1:8000', job_id)} and sign in with the "
+                "token it prints"
             )
             return 0
         print(

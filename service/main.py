@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service import __version__
 from service.api.deps import require_token
 from service.api.responses import UNAUTHORIZED
-from service.api.routes import artifacts, events, health, jobs, metrics
+from service.api.routes import artifacts, events, health, jobs, metrics, pages
 from service.errors import InvalidInput, ServiceError
 from service.jobs.notifier import Notifier
 from service.jobs.runner import Runner
@@ -231,10 +231,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         protected.include_router(module.router)
     api.include_router(protected)
     app.include_router(api)
+    pages.install(app)  # the dashboard: /ui/ pages, /ui/static assets
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:
-        return RedirectResponse("/docs")
+        return RedirectResponse(f"{pages.UI_PREFIX}/")
 
     return app
 

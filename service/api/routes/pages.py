@@ -1,0 +1,77 @@
+"""The dashboard: its pages under ``/ui/`` and its static files under ``/ui/static/``.
+
+Every page is the same shell (``service/static/index.html``); its scripts pick the view from
+the path and fetch the data from ``/api/v1`` with the bearer token the user entered. The shell
+and the assets hold no data, so they are served without auth: without a token a page shows
+the sign-in prompt and requests nothing. Pages go out with a strict Content-Security-Policy
+(scripts, styles and connections to this origin only; images also from ``blob:`` for plots
+fetched with the token) and no referrer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
+INDEX = STATIC_DIR / "index.html"
+UI_PREFIX = "/ui"
+
+#: Sent with every page. uPlot sizes its elements through inline styles, hence 'unsafe-inline'
+#: for styles only; scripts are this origin's files.
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' blob: data:; connect-src 'self'; object-src 'none'; "
+        "base-uri 'none'; frame-ancestors 'none'; form-action 'none'"
+    ),
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-cache",
+}
+
+router = APIRouter(prefix=UI_PREFIX, include_in_schema=False)
+
+
+def _page() -> FileResponse:
+    return FileResponse(INDEX, media_type="text/html", headers=PAGE_HEADERS)
+
+
+@router.get("")
+def ui_root() -> RedirectResponse:
+    return RedirectResponse(f"{UI_PREFIX}/")
+
+
+@router.get("/")
+def jobs_page() -> FileResponse:
+    """The job list."""
+    return _page()
+
+
+@router.get("/jobs/{job_id}")
+def job_page(job_id: str) -> FileResponse:
+    """One job: live charts, GSNR, logs, config, artifacts, cancel. The id is checked by the
+    API calls the page makes (an unknown one shows "No such job")."""
+    return _page()
+
+
+@router.get("/compare")
+def compare_page() -> FileResponse:
+    """AUC curves of several jobs (``?ids=a,b``)."""
+    return _page()
+
+
+@router.get("/studies")
+def studies_page() -> FileResponse:
+    """Study jobs and their results."""
+    return _page()
+
+
+def install(app: FastAPI) -> None:
+    """Add the dashboard to ``app``: the pages and ``/ui/static`` (the bundled assets)."""
+    app.include_router(router)
+    app.mount(f"{UI_PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="ui-static")
