@@ -4,8 +4,10 @@ Layout of the study directory::
 
     OUT/
       study.json          the resolved StudyConfig
+      metrics.jsonl       one ``kind: cell`` record per finished cell (progress: step = cells done)
       cells/<cell id>/    one run directory per cell (metrics.jsonl, gsnr.jsonl, result.json)
       results.json        every cell's figures and the per-(batch, optimizer) summary
+      result.json         the same, written last: the study is complete
       results.csv         one line per (batch, optimizer): the summary, flat
       results.md          the summary as a Markdown table, with the regime stated
       auc_vs_batch.png    test AUC (mean ± sd over seeds, best LR on val) against batch size
@@ -29,7 +31,7 @@ from typing import Any
 
 from dlrm_vrgd.study.config import Cell, StudyConfig
 from dlrm_vrgd.study.report import write_report
-from dlrm_vrgd.train.rundir import RESULT, atomic_write_json
+from dlrm_vrgd.train.rundir import RESULT, JsonlWriter, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -58,20 +60,47 @@ def run_study(
             f"{out} holds a different study (study.json differs): use another output directory"
         )
     atomic_write_json(saved, resolved)
+    (out / RESULT).unlink(missing_ok=True)
     cells = study.cells()
-    for i, cell in enumerate(cells):
-        run_dir = out / "cells" / cell.id
-        if (run_dir / RESULT).exists():
+    (out / "metrics.jsonl").unlink(missing_ok=True)  # rewritten below, from the cells themselves
+    log = JsonlWriter(out / "metrics.jsonl")
+    try:
+        for i, cell in enumerate(cells):
+            run_dir = out / "cells" / cell.id
+            status = "skip"
+            if not (run_dir / RESULT).exists():
+                if run_dir.exists():  # interrupted: start the cell again
+                    shutil.rmtree(run_dir)
+                if on_cell:
+                    on_cell(i, len(cells), cell, "start")
+                t0 = time.perf_counter()
+                train(study.cell_config(cell), run_dir, callbacks=list(train_callbacks or []))
+                logger.info("cell %s done in %.1fs", cell.id, time.perf_counter() - t0)
+                status = "done"
             if on_cell:
-                on_cell(i, len(cells), cell, "skip")
-            continue
-        if run_dir.exists():  # interrupted: start the cell again
-            shutil.rmtree(run_dir)
-        if on_cell:
-            on_cell(i, len(cells), cell, "start")
-        t0 = time.perf_counter()
-        train(study.cell_config(cell), run_dir, callbacks=list(train_callbacks or []))
-        logger.info("cell %s done in %.1fs", cell.id, time.perf_counter() - t0)
-        if on_cell:
-            on_cell(i, len(cells), cell, "done")
-    return write_report(study, out)
+                on_cell(i, len(cells), cell, status)
+            log.write(_cell_record(i + 1, len(cells), cell, run_dir, status))
+    finally:
+        log.close()
+    results = write_report(study, out)
+    atomic_write_json(out / RESULT, results)
+    return results
+
+
+def _cell_record(done: int, total: int, cell: Cell, run_dir: Path, status: str) -> dict[str, Any]:
+    result = json.loads((run_dir / RESULT).read_text())
+    return {
+        "kind": "cell",
+        "step": done,
+        "total_cells": total,
+        "cell": cell.id,
+        "status": status,
+        "global_batch": cell.global_batch,
+        "optimizer": cell.optimizer,
+        "lr_multiplier": cell.lr_multiplier,
+        "seed": cell.seed,
+        "val_auc": result["val"]["auc"],
+        "test_auc": result["test"]["auc"],
+        "oracle_auc": result["test"].get("oracle_auc"),
+        "train_seconds": result["timings"]["train_seconds"],
+    }

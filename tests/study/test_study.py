@@ -13,6 +13,7 @@ from dlrm_vrgd.config import ConfigError
 from dlrm_vrgd.study import StudyConfig, run_study
 from dlrm_vrgd.study.report import summarize
 from dlrm_vrgd.train.loop import Trainer
+from dlrm_vrgd.train.rundir import read_jsonl
 
 TINY = {
     "name": "tiny",
@@ -73,6 +74,8 @@ def test_tiny_grid_writes_every_output(finished) -> None:
     for name in (
         "study.json",
         "results.json",
+        "result.json",
+        "metrics.jsonl",
         "results.csv",
         "results.md",
         "auc_vs_batch.png",
@@ -82,6 +85,9 @@ def test_tiny_grid_writes_every_output(finished) -> None:
         assert (out / name).stat().st_size > 0, name
     for cell in study.cells():
         assert (out / "cells" / cell.id / "result.json").exists()
+    progress = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in progress] == list(range(1, 17))
+    assert {r["kind"] for r in progress} == {"cell"} and progress[-1]["total_cells"] == 16
     summary = results["summary"]
     assert [(s["global_batch"], s["optimizer"]) for s in summary] == [
         (128, "sgd"),
