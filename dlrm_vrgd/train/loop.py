@@ -368,6 +368,7 @@ def train(
         for name in (rundir.METRICS, rundir.GSNR):
             rundir.truncate_jsonl_after(out / name, trainer.step)
         (out / rundir.RESULT).unlink(missing_ok=True)
+        (out / rundir.STATUS).unlink(missing_ok=True)
         rundir.atomic_write_json(out / rundir.CONFIG, cfg.to_dict())
     barrier(env)
     metrics = rundir.JsonlWriter(out / rundir.METRICS) if writing else None  # type: ignore[operator]
@@ -383,6 +384,8 @@ def train(
         "world_size": env.world_size,
         "train_rows": trainer.splits.train.num_rows,
     }
+    if metrics:
+        metrics.write({"kind": "start", "step": trainer.step, **info})
     for cb in callbacks:
         cb.on_start(info)
 
@@ -428,6 +431,13 @@ def train(
                 cb.on_eval(ev)
         if out and run.checkpoint_every and trainer.step % run.checkpoint_every != 0:
             trainer.save_checkpoint(out)
+    except BaseException as err:
+        if writing:  # tell readers (the service) why the run ended
+            rundir.atomic_write_json(
+                out / rundir.STATUS,  # type: ignore[operator]
+                {"state": "failed", "step": trainer.step, "error": f"{type(err).__name__}: {err}"},
+            )
+        raise
     finally:
         for w in (metrics, gsnr):
             if w:

@@ -7,7 +7,10 @@ OUT/
   gsnr.jsonl       per-step GSNR summaries per tensor / table (append-only)
   checkpoints/     step_XXXXXXXX/ directories, each complete or absent (see checkpoint.py)
   result.json      final metrics, config, versions, timings (atomic; present = run finished)
+  status.json      written (atomically) when a run ends with an error: state, step, error
 ```
+
+``metrics.jsonl`` starts with a ``kind: start`` record (total_steps, start_step, batch layout).
 
 Append-only files are written one whole line per ``write(2)`` call; readers must ignore a last
 line without its newline (:func:`read_jsonl` does).
@@ -26,6 +29,7 @@ CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 GSNR = "gsnr.jsonl"
 RESULT = "result.json"
+STATUS = "status.json"
 CHECKPOINTS = "checkpoints"
 
 

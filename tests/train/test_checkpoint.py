@@ -41,10 +41,15 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(cfg, tmp_path / "crashed", callbacks=[CrashAt(5)])
     assert not (tmp_path / "crashed" / "result.json").exists()
+    status = json.loads((tmp_path / "crashed" / "status.json").read_text())
+    assert status == {"state": "failed", "step": 5, "error": "RuntimeError: simulated crash"}
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "crashed")] == ["step_00000003"]
     resumed = train(cfg, tmp_path / "crashed", resume=True)
 
     assert resumed.losses == whole.losses[3:]  # steps 4..7, bit for bit
+    assert not (tmp_path / "crashed" / "status.json").exists()
+    start = read_jsonl(tmp_path / "crashed" / "metrics.jsonl")[0]
+    assert start["kind"] == "start" and start["total_steps"] == 7
     assert train_losses(tmp_path / "crashed") == train_losses(tmp_path / "whole")
     steps = [r["step"] for r in read_jsonl(tmp_path / "crashed" / "metrics.jsonl")]
     assert steps == sorted(steps), "records of the crashed attempt after step 3 were dropped"
