@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import struct
 import zlib
@@ -374,15 +375,14 @@ def test_a_new_metric_point_arrives_live(signed_in: Watched, served: Served) -> 
     page.wait_for_function("() => window.dashboard.job && window.dashboard.job.stream === 'live'")
     wait_chart(page, "loss", 1, 1)
     wait_chart(page, "auc", 1, 1)
-    last_step = (
-        "() => { const d = window.dashboard.charts.loss.data; return d[0][d[0].length - 1]; }"
-    )
-    before = page.evaluate(last_step)
-    events = page.evaluate("() => window.dashboard.job.events")
+    page.wait_for_function("() => window.dashboard.job.historyLoaded")
+    # the last step of the history the page fetched; a later one can only come from the stream
+    history_last = page.evaluate("() => window.dashboard.job.historyLastStep")
+    last_step = "() => window.dashboard.charts.loss.data[0].at(-1)"
     dense_name = served.client.gsnr(job_id, max_points=1)["data"][0]["dense"][0]["name"]
     gsnr_points = len(chart_data(page, f"gsnr:dense:{dense_name}")[0])
 
-    page.wait_for_function(f"() => ({last_step})() > {before}", timeout=JOB_TIMEOUT_MS)
+    page.wait_for_function(f"() => ({last_step})() > {history_last}", timeout=JOB_TIMEOUT_MS)
     after = page.evaluate(last_step)
     loss = dict(pairs(chart_data(page, "loss"), 1))[after]
     record = next(
@@ -392,7 +392,7 @@ def test_a_new_metric_point_arrives_live(signed_in: Watched, served: Served) -> 
     )
     assert loss == pytest.approx(record["loss"])
     # it came over the event stream: the page fetched the metric history once, then listened
-    assert page.evaluate("() => window.dashboard.job.events") > events
+    assert page.evaluate("() => window.dashboard.job.metricsEvents") >= 1
     assert len([u for u in signed_in.requests if f"/jobs/{job_id}/metrics" in u]) == 1
     page.wait_for_function(
         "([name, n]) => window.dashboard.charts[name].data[0].length > n",
@@ -459,12 +459,31 @@ def test_study_results_are_shown_from_the_artifacts(signed_in: Watched, served: 
     assert page.locator("#results script").count() == 0
     assert page.evaluate("() => window.injected") is None
     assert "<script>" in page.inner_text("#results")
+    assert "null" not in page.inner_text("#results").split()
     shot(page, "job-results")
 
     page.goto(served.url("/ui/studies"))
     page.wait_for_selector("#no-studies, #studies-table")
     assert page.locator("#no-studies").is_visible()  # no study job in this service
     shot(page, "studies")
+
+    # Once the service has study jobs: the list, and the newest one's results. (The service
+    # answers `?kind=study` with this job, relabelled, until the study kind lands.)
+    study = {**served.client.job(job_id), "kind": "study", "name": "batch-size study"}
+    page.route(
+        re.compile(r".*/api/v1/jobs\?kind=study.*"),
+        lambda route: route.fulfill(json={"data": [study], "count": 1}),
+    )
+    page.goto(served.url("/ui/studies"))
+    page.wait_for_selector(f"#studies-table tr[data-job-id='{job_id}']")
+    page.wait_for_selector("#latest-study table.md-table")
+    assert "batch-size study" in page.inner_text("#latest-study .section-title")
+    assert "null" not in page.inner_text("#latest-study").split()
+    page.wait_for_function(
+        "() => { const i = document.querySelector('#latest-study img'); "
+        "return i && i.complete && i.naturalWidth === 64; }"
+    )
+    shot(page, "studies-with-results")
 
 
 def test_the_event_stream_reader_parses_any_chunking_and_resumes_after_the_last_event(

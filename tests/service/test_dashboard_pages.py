@@ -78,7 +78,7 @@ def test_every_page_is_the_shell_with_a_strict_policy(http: httpx.Client) -> Non
         assert '<script type="module" src="/ui/static/js/app.js">' in res.text
         csp = res.headers["content-security-policy"]
         assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
-        assert "connect-src 'self'" in csp
+        assert "connect-src 'self'" in csp and "unsafe-inline" not in csp
         assert res.headers["referrer-policy"] == "no-referrer"
     assert http.get("/ui", follow_redirects=False).headers["location"] == "/ui/"
     assert http.get("/", follow_redirects=False).headers["location"] == "/ui/"

@@ -247,6 +247,7 @@ export async function jobView(main, jobId) {
   for (const rec of gsnrPage.data) series.addGsnr(rec);
   redraw();
   refreshResults();
+  state.historyLastStep = series.lastStep(); // anything beyond came over the stream
   state.historyLoaded = true;
 
   let resultsTimer = null;
@@ -263,6 +264,7 @@ export async function jobView(main, jobId) {
       state.events += 1;
       state.lastEvent = name;
       if (name === "metrics") {
+        state.metricsEvents = (state.metricsEvents ?? 0) + 1;
         if (series.addMetrics({ ...data, seq: id ?? data.seq })) scheduleRedraw();
       } else if (name === "gsnr") {
         if (series.addGsnr({ ...data, seq: id ?? data.seq })) scheduleRedraw();

@@ -102,10 +102,10 @@ export class ResultsSection {
           b.addEventListener("click", () => downloadArtifact(this.jobId, a.path).catch((err) => toast(err.message, "error")));
           return b;
         })),
-        data.length > MAX_DATA_FILES
-          ? h("p", { class: "muted small" }, `and ${data.length - MAX_DATA_FILES} more in the Artifacts tab`)
-          : null,
       );
+      if (data.length > MAX_DATA_FILES) {
+        body.append(h("p", { class: "muted small" }, `and ${data.length - MAX_DATA_FILES} more in the Artifacts tab`));
+      }
     }
   }
 
