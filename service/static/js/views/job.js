@@ -13,6 +13,7 @@ import { followEvents } from "../sse.js";
 import { GsnrPanel } from "./gsnr.js";
 import { oracleAuc, progressFraction, progressText } from "./jobs.js";
 import { artifactsTab, configTab, logsTab, resultTab, tabStrip } from "./panels.js";
+import { StudyCells } from "./cells.js";
 import { ResultsSection } from "./results.js";
 import { TrainingCharts } from "./training.js";
 
@@ -54,13 +55,15 @@ export async function jobView(main, jobId) {
   const streamBadge = h("span", { class: "stream", id: "stream-status" });
   const meta = h("div", { class: "job-meta muted" });
   const cancelBtn = h("button", { type: "button", class: "btn btn-danger", id: "cancel-job" }, "Cancel job");
-  const compareLink = h("a", { class: "btn", href: `/ui/compare?ids=${encodeURIComponent(jobId)}` }, "Compare…");
+  const compareLink = h("a", { class: "btn", href: `/ui/compare?ids=${encodeURIComponent(jobId)}`, title: "Compare this job's AUC curve with others" }, "Compare…");
+  compareLink.hidden = job.kind !== "train";
   const progressSlot = h("div", { class: "job-progress" });
   const tiles = h("div", { class: "tiles", id: "tiles" });
   const errorBox = h("pre", { class: "error-box", id: "job-error", hidden: true });
   const chartGrid = h("div", { class: "chart-grid", id: "charts" });
   const gsnrSection = h("section", { class: "card gsnr-section", id: "gsnr" });
   const resultsBox = h("section", { class: "card results", id: "results" });
+  const cellsBox = h("section", { class: "card cells-section", id: "study-cells" });
   const tabsBox = h("section", { class: "card tabs-card" });
   const dialog = cancelDialog();
 
@@ -77,6 +80,7 @@ export async function jobView(main, jobId) {
     errorBox,
     tiles,
     resultsBox,
+    cellsBox,
     chartGrid,
     gsnrSection,
     tabsBox,
@@ -97,6 +101,7 @@ export async function jobView(main, jobId) {
   else gsnrSection.hidden = true;
 
   const results = new ResultsSection(resultsBox, jobId);
+  const cells = new StudyCells(cellsBox); // a study's cells (metrics records of kind "cell")
   const tabs = tabStrip(tabsBox, [
     logsTab(jobId, () => ACTIVE.has(job.state)),
     configTab(job),
@@ -119,8 +124,9 @@ export async function jobView(main, jobId) {
     if (isNum(job.exit_code)) parts.push(`exit ${job.exit_code}`);
     fill(meta, parts.flatMap((p, i) => (i ? [" · ", p] : [p])));
     cancelBtn.hidden = !ACTIVE.has(job.state);
-    const steps = isNum((job.progress || {}).step) && job.kind === "train" ? " steps" : "";
-    fill(progressSlot, progressBar(progressFraction(job), `${progressText(job)}${steps}`));
+    const unit = { train: " steps", study: " cells" }[job.kind] ?? "";
+    const suffix = isNum((job.progress || {}).step) ? unit : "";
+    fill(progressSlot, progressBar(progressFraction(job), `${progressText(job)}${suffix}`));
     errorBox.hidden = !job.error;
     errorBox.textContent = job.error || "";
     renderTiles();
@@ -135,8 +141,10 @@ export async function jobView(main, jobId) {
   function renderTiles() {
     const p = job.progress || {};
     if (!isTrain) {
-      // other kinds (studies): whatever progress they report
-      const entries = Object.entries(p).filter(([k, v]) => k !== "updated_at" && v !== null && typeof v !== "object");
+      // other kinds (studies): whatever progress they report, but what the progress bar shows
+      const skip = new Set(["updated_at", "fraction", "step", "total_steps"]);
+      const entries = Object.entries(p).filter(([k, v]) => !skip.has(k) && v !== null && typeof v !== "object");
+      tiles.hidden = !entries.length;
       fill(tiles, entries.slice(0, 12).map(([k, v]) => tile(k.replaceAll("_", " "), isNum(v) ? (Number.isInteger(v) ? int(v) : fmt(v)) : String(v), "", k)));
       return;
     }
@@ -171,8 +179,10 @@ export async function jobView(main, jobId) {
     }, REDRAW_MS);
   }
   function redraw() {
-    if (series.version === drawn) return;
-    drawn = series.version;
+    const version = series.version + cells.version;
+    if (version === drawn) return;
+    drawn = version;
+    cells.update();
     if (!charts && (series.train.step.length || series.evals.val.step.length)) ensureCharts();
     if (charts) {
       charts.update(series);
@@ -243,7 +253,10 @@ export async function jobView(main, jobId) {
   const metrics = await api(`${path}/metrics?max_points=${HISTORY_METRICS}`, { signal: stop.signal });
   const gsnrPage = await api(`${path}/gsnr?max_points=${HISTORY_GSNR}`, { signal: stop.signal });
   const cursor = metrics.data.length ? metrics.data[metrics.data.length - 1].seq : 0;
-  for (const rec of metrics.data) series.addMetrics(rec);
+  for (const rec of metrics.data) {
+    if (rec.kind === "cell") cells.add(rec);
+    else series.addMetrics(rec);
+  }
   for (const rec of gsnrPage.data) series.addGsnr(rec);
   redraw();
   refreshResults();
@@ -265,7 +278,8 @@ export async function jobView(main, jobId) {
       state.lastEvent = name;
       if (name === "metrics") {
         state.metricsEvents = (state.metricsEvents ?? 0) + 1;
-        if (series.addMetrics({ ...data, seq: id ?? data.seq })) scheduleRedraw();
+        const rec = { ...data, seq: id ?? data.seq };
+        if (rec.kind === "cell" ? cells.add(rec) : series.addMetrics(rec)) scheduleRedraw();
       } else if (name === "gsnr") {
         if (series.addGsnr({ ...data, seq: id ?? data.seq })) scheduleRedraw();
       } else if (name === "end" && data && data.deleted) {
@@ -295,6 +309,7 @@ export async function jobView(main, jobId) {
       clearInterval(resultsTimer);
       clearTimeout(timer);
       results.destroy();
+      cells.destroy();
       destroyAll();
     },
   };

@@ -22,7 +22,8 @@ export function pickResults(artifacts) {
   const files = artifacts.filter((a) => !a.path.startsWith("checkpoints/") && !a.path.split("/").some((p) => p.startsWith(".")));
   const markdown = files.filter((a) => /\.md$/i.test(a.path)).sort(byDepthThenName);
   const plots = files.filter((a) => /\.(png|jpe?g|svg|webp)$/i.test(a.path)).sort(byDepthThenName);
-  const data = files.filter((a) => /\.(json|csv|jsonl)$/i.test(a.path) && !RUN_FILES.has(a.path)).sort(byDepthThenName);
+  // data files of the top level only (a study's cells/ hold hundreds: see the Artifacts tab)
+  const data = files.filter((a) => /\.(json|csv)$/i.test(a.path) && !a.path.includes("/") && !RUN_FILES.has(a.path)).sort(byDepthThenName);
   return { markdown, plots, data };
 }
 
