@@ -289,6 +289,15 @@ def _gsnr_ema(state: dict[str, Any], ratio: Tensor | None, beta: float, step: in
     return ema / (1.0 - beta**step)
 
 
+def _adam_state(state: dict[str, Any], p: Tensor) -> dict[str, Any]:
+    """Adam's per-parameter state (step, first and second moments), created on first use."""
+    if "step" not in state:
+        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return state
+
+
 class VRAdam(GroupGSNROptimizer):
     """AdamW whose moments see ``g' = p̂⊙ḡ`` (see module doc)."""
 
@@ -320,11 +329,7 @@ class VRAdam(GroupGSNROptimizer):
     def _update(self, group, params, means, ratios) -> None:
         grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
         for p, m, r in zip(params, means, ratios, strict=True):
-            state = self.state[p]
-            if "step" not in state:
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state = _adam_state(self.state[p], p)
             t = int(state["step"].item()) + 1
             grads.append(_scaled(m, _gsnr_ema(state, r, group["gsnr_beta"], t)))
             exp_avgs.append(state["exp_avg"])
@@ -401,8 +406,8 @@ class VRLARS(GroupGSNROptimizer):
             p.sub_(buf)
 
 
-class VRLAMB(GroupGSNROptimizer):
-    """LAMB on VRAdam's moments (see module doc)."""
+class VRLAMB(VRAdam):
+    """LAMB on VRAdam's moments (see module doc); ``eps`` defaults to LAMB's 1e-6."""
 
     def __init__(
         self,
@@ -417,26 +422,22 @@ class VRLAMB(GroupGSNROptimizer):
         process_group: dist.ProcessGroup | None = None,
         foreach: bool = True,
     ) -> None:
-        _check_common(lr, weight_decay, gamma)
-        _check_betas(betas, gsnr_beta, eps)
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            gamma=gamma,
-            gsnr_beta=gsnr_beta,
+        super().__init__(
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            gamma,
+            gsnr_beta,
+            process_group=process_group,
+            foreach=foreach,
         )
-        super().__init__(params, defaults, process_group, foreach)
 
     def _update(self, group, params, means, ratios) -> None:
         beta1, beta2 = group["betas"]
         for p, m, r in zip(params, means, ratios, strict=True):
-            state = self.state[p]
-            if "step" not in state:
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                state["exp_avg"] = torch.zeros_like(p)
-                state["exp_avg_sq"] = torch.zeros_like(p)
+            state = _adam_state(self.state[p], p)
             state["step"] += 1
             t = int(state["step"].item())
             g = _scaled(m, _gsnr_ema(state, r, group["gsnr_beta"], t))
