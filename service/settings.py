@@ -13,8 +13,10 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.jobs.gpus import GpuError, parse_gpu_spec
 
 ENV_PREFIX = "DLRM_VRGD_"
 #: Shortest bearer token accepted when the service listens beyond the loopback interface.
@@ -59,6 +61,24 @@ class Settings(BaseSettings):
     #: Python interpreter that runs the trainer (``python -m dlrm_vrgd.cli train ...``).
     trainer_python: str = sys.executable
     log_level: str = "info"
+    #: GPUs the runner hands out to jobs, one job per GPU (``CUDA_VISIBLE_DEVICES`` values):
+    #: "0,1,2,3", "none", or "auto" (``nvidia-smi -L``'s GPUs; none without nvidia-smi).
+    gpus: str = "auto"
+    #: Let a later queued job start while an earlier one waits for GPUs (backfill); off keeps
+    #: strict FIFO order: a job waiting for GPUs holds back the jobs behind it.
+    gpu_backfill: bool = False
+    #: Where job directories live (default ``DATA_DIR/jobs``). A multi-node job needs them on
+    #: storage that every node mounts at the same path; the SQLite store stays in DATA_DIR.
+    jobs_root: Path | None = None
+
+    @field_validator("gpus")
+    @classmethod
+    def _check_gpus(cls, value: str) -> str:
+        try:
+            parse_gpu_spec(value)
+        except GpuError as err:
+            raise ValueError(str(err)) from None
+        return value
 
     @property
     def db_path(self) -> Path:
@@ -66,7 +86,7 @@ class Settings(BaseSettings):
 
     @property
     def jobs_dir(self) -> Path:
-        return self.data_dir / "jobs"
+        return self.jobs_root or self.data_dir / "jobs"
 
     @property
     def token_path(self) -> Path:

@@ -22,6 +22,11 @@ start time) is re-attached and followed as before; one whose process is gone is 
 its run directory — succeeded if it wrote result.json, else failed with the reason; queued jobs
 simply start. Running jobs are left running when the service stops (unless
 ``cancel_on_shutdown``), to be re-attached by the next start.
+
+GPUs (``service/jobs/gpus.py``): a job starts only when the GPUs it asks for are free; it gets
+them in ``CUDA_VISIBLE_DEVICES`` (a CPU job gets none) and holds them until it ends, however it
+ends; a re-attached job keeps the GPUs it had. A queued job that asks for more GPUs than the
+host has fails at once instead of blocking the queue.
 """
 
 from __future__ import annotations
@@ -39,6 +44,16 @@ from dataclasses import dataclass
 from service.errors import IllegalTransition, JobNotFound
 from service.jobs import process
 from service.jobs.files import JobFiles, read_result, tail_lines
+from service.jobs.gpus import (
+    GPU_ENV,
+    GpuAllocator,
+    gpus_needed,
+    next_job,
+    read_assignment,
+    resolve_gpus,
+    visible_devices,
+    write_assignment,
+)
 from service.jobs.ingest import read_new_records, update_progress
 from service.jobs.kinds import KINDS
 from service.jobs.models import utcnow
@@ -101,11 +116,18 @@ class Runner:
         self.store = store
         self.notifier = notifier
         self._command = command or self._kind_command
+        #: The GPUs jobs may use and which job holds which.
+        self.gpus = GpuAllocator(resolve_gpus(settings.gpus, os.environ.get(GPU_ENV)))
+        #: Queued jobs already told that they wait for GPUs.
+        self._gpu_waiting: set[str] = set()
         self._active: dict[str, ActiveJob] = {}
         self._launching: set[str] = set()
         self._pending_cancel: set[str] = set()
         self._done: dict[str, asyncio.Event] = {}
         self._wake = asyncio.Event()
+        #: Set by stop(): the loop ends even if a cancellation is lost (Python 3.11's
+        #: wait_for swallows one that arrives as the awaited event fires).
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -121,12 +143,15 @@ class Runner:
     async def start(self) -> None:
         """Recover jobs left running by a previous service, then start the loop."""
         self._loop = asyncio.get_running_loop()
+        self._stopping = False
+        logger.info("GPUs for jobs: %s", ",".join(self.gpus.devices) or "none")
         for active in await asyncio.to_thread(self._recover):
             self._active[active.job_id] = active
         self._task = asyncio.create_task(self._run(), name="dlrm-vrgd-runner")
 
     async def stop(self) -> None:
         """Stop the loop; cancel running jobs if ``cancel_on_shutdown``, else leave them."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -200,7 +225,7 @@ class Runner:
 
     # ----------------------------------------------------------------------------- loop
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 for active in list(self._active.values()):
                     await self._follow(active)
@@ -224,6 +249,7 @@ class Runner:
         if exited:
             await asyncio.to_thread(self._finish, active, status)
             self._active.pop(active.job_id, None)
+            self._release_gpus(active.job_id)
             self.notifier.notify(active.job_id)
             self._signal_done(active.job_id)
             return
@@ -242,16 +268,24 @@ class Runner:
 
     async def _start_queued(self) -> None:
         while len(self._active) + len(self._launching) < self.settings.max_concurrent_jobs:
-            job = await asyncio.to_thread(self.store.next_queued, self._launching)
-            if job is None:
+            picked, noted, failed = await asyncio.to_thread(self._pick_queued)
+            for job_id in noted + failed:
+                self.notifier.notify(job_id)
+            for job_id in failed:
+                self._signal_done(job_id)
+            if failed:
+                continue  # the queue changed: look again
+            if picked is None:
                 return
+            job, devices = picked
             self._launching.add(job.id)
             try:
-                active = await asyncio.to_thread(self._launch, job)
+                active = await asyncio.to_thread(self._launch, job, devices)
             finally:
                 self._launching.discard(job.id)
             self.notifier.notify(job.id)
             if active is None:
+                self._release_gpus(job.id)
                 self._pending_cancel.discard(job.id)
                 self._signal_done(job.id)
                 continue
@@ -277,7 +311,53 @@ class Runner:
         if event is not None:
             event.set()
 
+    def _release_gpus(self, job_id: str) -> None:
+        freed = self.gpus.release(job_id)
+        self._gpu_waiting.discard(job_id)
+        if freed:
+            logger.info("job %s: GPUs %s free again", job_id, ",".join(freed))
+
     # ------------------------------------------------------------- blocking (in threads)
+    def _pick_queued(
+        self,
+    ) -> tuple[tuple[Job, tuple[str, ...]] | None, list[str], list[str]]:
+        """The next queued job to start with the GPUs allocated to it (or None), the jobs
+        just told that they wait for GPUs, and the jobs failed for asking more than the host
+        has. FIFO; see :func:`service.jobs.gpus.next_job` for who may overtake whom."""
+        backfill = self.settings.gpu_backfill
+        if backfill:
+            queue = [j for j in self.store.jobs_in_state(QUEUED) if j.id not in self._launching]
+        else:
+            head = self.store.next_queued(self._launching)
+            queue = [head] if head is not None else []
+        needs = [(job, gpus_needed(job.config)) for job in queue]
+        failed = []
+        for job, need in needs:
+            if need > self.gpus.capacity:  # e.g. queued before a restart with fewer GPUs
+                message = (
+                    f"asks for {need} GPU(s) (run.device cuda, run.nproc_per_node {need}); "
+                    f"this host has {self.gpus.capacity} for jobs (DLRM_VRGD_GPUS)"
+                )
+                self.store.transition(
+                    job.id, [QUEUED], FAILED, message, finished_at=utcnow(), error=message
+                )
+                failed.append(job.id)
+        if failed:
+            return None, [], failed
+        job, waiting = next_job(needs, len(self.gpus.free()), backfill)
+        noted = []
+        for w in waiting:
+            if w.id not in self._gpu_waiting:
+                self._gpu_waiting.add(w.id)
+                need = gpus_needed(w.config)
+                free = len(self.gpus.free())
+                self.store.note(w.id, f"waiting for {need} GPU(s); {free} free")
+                noted.append(w.id)
+        if job is None:
+            return None, noted, []
+        self._gpu_waiting.discard(job.id)
+        return (job, self.gpus.allocate(job.id, gpus_needed(job.config))), noted, []
+
     def _kind_command(self, job: Job, files: JobFiles) -> list[str]:
         return KINDS[job.kind].command(self.settings.trainer_python, files, False)
 
@@ -288,8 +368,9 @@ class Runner:
         env.setdefault("TQDM_MININTERVAL", "5")  # a progress line every 5 s in train.log
         return env
 
-    def _launch(self, job: Job) -> ActiveJob | None:
-        """queued -> running, then start the process; None if the job did not start."""
+    def _launch(self, job: Job, devices: tuple[str, ...] = ()) -> ActiveJob | None:
+        """queued -> running, then start the process on ``devices`` (its GPUs); None if the
+        job did not start."""
         started = self.store.transition(job.id, [QUEUED], RUNNING, started_at=utcnow())
         if started is None:
             return None  # cancelled or deleted meanwhile
@@ -297,7 +378,11 @@ class Runner:
         try:
             cmd = self._command(job, files)
             files.root.mkdir(parents=True, exist_ok=True)
-            popen = process.spawn(cmd, files.root, files.log, self._child_env(job.id))
+            write_assignment(files.root, devices)
+            env = self._child_env(job.id)
+            env[GPU_ENV] = visible_devices(devices)
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # indices as nvidia-smi's
+            popen = process.spawn(cmd, files.root, files.log, env)
         except Exception as err:
             logger.exception("job %s: could not start", job.id)
             self.store.transition(
@@ -315,7 +400,15 @@ class Runner:
             job.id, pid=popen.pid, pgid=popen.pid, proc_start=process.start_time(popen.pid)
         )
         timeout = job.timeout_s or self.settings.job_timeout_s
-        logger.info("job %s: started, pid %d: %s", job.id, popen.pid, " ".join(cmd))
+        if devices:
+            self.store.note(job.id, f"running on GPU(s) {visible_devices(devices)}")
+        logger.info(
+            "job %s: started, pid %d, GPUs %s: %s",
+            job.id,
+            popen.pid,
+            visible_devices(devices) or "none",
+            " ".join(cmd),
+        )
         return ActiveJob(
             job_id=job.id,
             pid=popen.pid,
@@ -454,8 +547,23 @@ class Runner:
             if process.is_alive(job.pid, job.proc_start):
                 logger.warning("job %s: re-attached to process %d", job.id, job.pid)
                 self.store.note(job.id, f"re-attached to process {job.pid} after a restart")
+                self._adopt_gpus(job)
                 reattached.append(active)
             else:
                 logger.warning("job %s: process %d is gone", job.id, job.pid)
                 self._finish(active, None, orphaned=True)
         return reattached
+
+    def _adopt_gpus(self, job: Job) -> None:
+        """A re-attached job keeps the GPUs it was given."""
+        devices = read_assignment(self.files(job.id).root, job.pid)
+        if devices is None:
+            if gpus_needed(job.config):
+                logger.error(
+                    "job %s: re-attached, but which GPUs it uses is unknown; they may be "
+                    "given to another job",
+                    job.id,
+                )
+            return
+        for problem in self.gpus.adopt(job.id, devices):
+            logger.warning("job %s: %s", job.id, problem)

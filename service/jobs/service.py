@@ -22,6 +22,7 @@ from service.errors import (
     ResultNotFound,
 )
 from service.jobs import files as jobfiles
+from service.jobs.gpus import gpu_request
 from service.jobs.kinds import KINDS
 from service.jobs.notifier import Notifier
 from service.jobs.runner import Runner
@@ -71,6 +72,15 @@ class JobService:
             data = config.data.model_copy(update={"path": path})
             config = config.model_copy(update={"data": data})
         resolved = config.to_dict()
+        need, field = gpu_request(resolved)
+        if need > self.runner.gpus.capacity:
+            have = ",".join(self.runner.gpus.devices) or "none"
+            raise InvalidInput(
+                field,
+                f"the job asks for {need} GPU(s) (run.device cuda) but this host has "
+                f"{self.runner.gpus.capacity} for jobs ({have}; see DLRM_VRGD_GPUS)",
+                ("body", *field.split(".")),
+            )
         job_id = new_job_id()
         files = self.files(job_id)
         jobfiles.write_config(files.config, resolved)
