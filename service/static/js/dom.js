@@ -54,6 +54,12 @@ export function compact(v, digits = 1) {
   return Number.isInteger(v) ? String(v) : v.toPrecision(3);
 }
 
+/** A batch size as people say it: 8192 -> "8k", 524288 -> "512k" (powers of 1024), else 1,000. */
+export function batchSize(n) {
+  if (!isNum(n)) return "–";
+  return n >= 1024 && n % 1024 === 0 ? `${n / 1024}k` : int(n);
+}
+
 /** Integer with thousands separators. */
 export function int(v) {
   return isNum(v) ? Math.round(v).toLocaleString("en-US") : "–";

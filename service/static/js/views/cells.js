@@ -5,7 +5,7 @@
 // The study's own report (results.md, plots) is the answer; this is the view while it runs.
 
 import { chartCard, color, createChart, fade, fixedTicks, join, line } from "../charts.js";
-import { compact, fill, fmt, h, isNum } from "../dom.js";
+import { batchSize, fill, fmt, h, isNum } from "../dom.js";
 
 const num = (v) => (isNum(v) ? v : null);
 
@@ -67,7 +67,7 @@ export class StudyCells {
     fill(this.tbody, sorted.map((c) => h(
       "tr",
       { dataset: { cell: c.cell ?? "" } },
-      h("td", { class: "num" }, compact(c.global_batch, 0)),
+      h("td", { class: "num" }, batchSize(c.global_batch)),
       h("td", {}, h("span", { class: "swatch", style: { background: color(optimizers.indexOf(String(c.optimizer))) } }), " ", String(c.optimizer)),
       h("td", { class: "num" }, isNum(c.lr_multiplier) ? `×${c.lr_multiplier}` : "–"),
       h("td", { class: "num" }, isNum(c.seed) ? String(c.seed) : "–"),

@@ -4,7 +4,7 @@
 
 import { api, query } from "../api.js";
 import { chartCard, color, createChart, destroyAll, fade, fixedTicks, join, line } from "../charts.js";
-import { badge, compact, every, fill, fmt, h, isNum } from "../dom.js";
+import { badge, batchSize, compact, every, fill, fmt, h, isNum } from "../dom.js";
 import { oracleAuc } from "./jobs.js";
 
 const REFRESH_MS = 5000;
@@ -107,7 +107,7 @@ export async function compareView(main) {
     const p = j.progress || {};
     const oracle = oracleAuc(p);
     const opt = (o) => (o ? `${o.name}${isNum(o.lr) ? ` lr ${o.lr}` : ""}` : "–");
-    const batch = isNum(run.global_batch) ? `${compact(run.global_batch, 0)}${isNum(run.micro_batch) ? ` (${run.global_batch / run.micro_batch}×${compact(run.micro_batch, 0)})` : ""}` : "–";
+    const batch = isNum(run.global_batch) ? `${batchSize(run.global_batch)}${isNum(run.micro_batch) ? ` (${run.global_batch / run.micro_batch}×${batchSize(run.micro_batch)})` : ""}` : "–";
     return h(
       "tr",
       { dataset: { jobId: j.id } },

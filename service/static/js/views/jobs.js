@@ -2,7 +2,7 @@
 // every few seconds while the tab is visible; rows can be ticked for the compare view.
 
 import { api, query } from "../api.js";
-import { ago, badge, compact, duration, elapsed, every, fill, fmt, h, int, isNum, progressBar } from "../dom.js";
+import { ago, badge, batchSize, compact, duration, elapsed, every, fill, fmt, h, int, isNum, progressBar } from "../dom.js";
 
 const STATES = ["queued", "running", "succeeded", "failed", "cancelled"];
 const PAGE = 50;
@@ -27,6 +27,16 @@ export function progressFraction(job) {
 /** The oracle AUC shown beside a job's best AUC (validation, else test). */
 export function oracleAuc(p) {
   return isNum(p.val_oracle_auc) ? p.val_oracle_auc : p.test_oracle_auc;
+}
+
+/** "vradam / gsnr_rowwise_adagrad · G 8k · ": what a training job runs, for the list. */
+function setup(job) {
+  const cfg = job.config || {};
+  const optim = cfg.optim || {};
+  const run = cfg.run || {};
+  if (!optim.dense || !optim.sparse) return "";
+  const batch = isNum(run.global_batch) ? ` · G ${batchSize(run.global_batch)}` : "";
+  return `${optim.dense.name} / ${optim.sparse.name}${batch} · `;
 }
 
 export function jobsView(main) {
@@ -136,7 +146,7 @@ export function jobsView(main) {
       { dataset: { jobId: job.id, state: job.state } },
       h("td", { class: "check" }, box),
       h("td", {}, badge(job.state)),
-      h("td", { class: "name" }, link, h("div", { class: "muted small mono" }, job.id)),
+      h("td", { class: "name" }, link, h("div", { class: "muted small sub", title: `${setup(job)}${job.id}` }, setup(job), h("span", { class: "mono" }, job.id))),
       h("td", {}, job.kind),
       h("td", { class: "progress-col" }, progressBar(progressFraction(job), progressText(job))),
       h("td", { class: "num", dataset: { col: "best-auc" } }, fmt(best)),
