@@ -44,6 +44,9 @@ class StudyConfig(_Section):
     #: A TrainConfig the cells start from (data, model, and run settings such as eval_rows).
     base: dict[str, Any]
     batch_sizes: list[PositiveInt] = Field(min_length=1)
+    #: Micro-batch: ``G / micro_batches`` when set (the same number of gradient groups at every
+    #: batch size, so GSNR is estimated alike), else ``min(G, max_micro_batch)``.
+    micro_batches: PositiveInt | None = None
     max_micro_batch: PositiveInt = 4096
     steps_at_largest: PositiveInt = 3000
     optimizers: list[StudyOptimizer] = Field(min_length=1)
@@ -67,7 +70,9 @@ class StudyConfig(_Section):
         for g in self.batch_sizes:
             if largest % g:
                 raise ValueError(f"batch_sizes: {g} does not divide the largest, {largest}")
-            b = min(g, self.max_micro_batch)
+            if self.micro_batches is not None and g % self.micro_batches:
+                raise ValueError(f"batch_sizes: {g} is not divisible by micro_batches")
+            b = self.micro_batch(g)
             if g % b:
                 raise ValueError(f"batch_sizes: {g} is not a multiple of max_micro_batch {b}")
         names = [o.name for o in self.optimizers]
@@ -84,6 +89,11 @@ class StudyConfig(_Section):
     def train_rows(self) -> int:
         """The data sizing rule: the largest batch gets ``steps_at_largest`` steps."""
         return self.steps_at_largest * max(self.batch_sizes)
+
+    def micro_batch(self, global_batch: int) -> int:
+        if self.micro_batches is not None:
+            return global_batch // self.micro_batches
+        return min(global_batch, self.max_micro_batch)
 
     def steps(self, global_batch: int) -> int:
         return self.train_rows // global_batch
@@ -124,7 +134,7 @@ class StudyConfig(_Section):
         run = raw.setdefault("run", {})
         run.update(
             global_batch=cell.global_batch,
-            micro_batch=min(cell.global_batch, self.max_micro_batch),
+            micro_batch=self.micro_batch(cell.global_batch),
             steps=None,
             epochs=1,
             seed=cell.seed,

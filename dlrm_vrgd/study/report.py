@@ -205,12 +205,17 @@ def _cell(value: Any, key: str) -> str:
 def markdown(
     study: StudyConfig, summary: list[dict[str, Any]], pairs: list[dict[str, Any]], target: float
 ) -> str:
+    micro = (
+        f"G / {study.micro_batches} ({study.micro_batches} gradient groups per step)"
+        if study.micro_batches
+        else f"min(G, {study.max_micro_batch:,})"
+    )
     lines = [
         f"# Study `{study.name}`",
         "",
         f"Regime: {study.train_rows:,} training rows, one epoch per cell; the largest batch "
         f"({max(study.batch_sizes):,}) gets {study.steps_at_largest:,} steps. Micro-batch "
-        f"min(G, {study.max_micro_batch:,}). LR = base x {study.lr_rule}(G / "
+        f"{micro}. LR = base x {study.lr_rule}(G / "
         f"{study.reference_batch:,}) x multiplier, multipliers {study.lr_multipliers}; "
         f"{len(study.seeds)} seeds; warm-up {study.warmup_fraction:.0%} of the steps, "
         f"{study.decay} decay. The multiplier is chosen on validation AUC (mean over seeds); "

@@ -231,3 +231,11 @@ def test_study_cli_loads_and_refuses_unknown_keys(tmp_path: Path) -> None:
         load_study(path)
     path.write_text(json.dumps(TINY))
     assert load_study(path, ["steps_at_largest=8"]).steps_at_largest == 8
+
+
+def test_fixed_number_of_micro_batches() -> None:
+    study = tiny(micro_batches=4, batch_sizes=[128, 512])
+    assert [study.cell_config(c).run.micro_batch for c in study.cells()][:8:4] == [32, 32]
+    assert {study.cell_config(c).run.accumulation_steps for c in study.cells()} == {4}
+    with pytest.raises(ValueError, match="divisible by micro_batches"):
+        tiny(micro_batches=3)
