@@ -103,9 +103,13 @@ class ServiceClient:
         return self._json("GET", "/health")
 
     def submit(
-        self, name: str, config: dict[str, Any], timeout_s: float | None = None
+        self,
+        name: str,
+        config: dict[str, Any],
+        timeout_s: float | None = None,
+        kind: str = "train",
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"name": name, "config": config}
+        body: dict[str, Any] = {"name": name, "kind": kind, "config": config}
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
         return self._json("POST", "/jobs", json=body)

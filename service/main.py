@@ -39,6 +39,7 @@ API_PREFIX = "/api/v1"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 #: Config sections whose name pydantic puts in error locations (discriminated union tags).
 _UNION_TAGS = ("synthetic", "criteo")
+_KIND_TAGS = ("train", "study")
 
 
 # ------------------------------------------------------------------------------- lock
@@ -144,6 +145,8 @@ def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     parts = list(loc)
     if parts and parts[0] in ("body", "query", "path", "header"):
         source, parts = parts[0], parts[1:]
+        if source == "body" and parts and parts[0] in _KIND_TAGS:
+            parts = parts[1:]  # the job-kind tag of the request body's union
         if source == "body" and (not parts or isinstance(parts[0], int)):
             return "body"
         if source != "body":  # a repeated query parameter: name it, not its position

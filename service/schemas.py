@@ -10,9 +10,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag
 
 from dlrm_vrgd.config import TrainConfig
+from dlrm_vrgd.study.config import StudyConfig
 from service.jobs.states import JobKind, JobState
 from service.jobs.store import Job
 
@@ -27,17 +28,41 @@ JobName = Annotated[
 ]
 
 
-class JobCreate(BaseModel):
-    """A job to run: ``kind`` "train" trains ``config`` (a full TrainConfig; unknown keys are
-    errors, missing ones take the trainer's defaults)."""
+class TrainJobCreate(BaseModel):
+    """A training job: ``config`` is a full TrainConfig (unknown keys are errors, missing ones
+    take the trainer's defaults)."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: JobName
-    kind: JobKind = "train"
+    kind: Literal["train"] = "train"
     config: TrainConfig
     #: Wall-clock limit in seconds (the service default when omitted).
     timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = None
+
+
+class StudyJobCreate(BaseModel):
+    """A batch-size study (``dlrm-vrgd study``): ``config`` is a StudyConfig — a grid of
+    batch sizes x optimizers x learning rates x seeds over a base TrainConfig."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: JobName
+    kind: Literal["study"]
+    config: StudyConfig
+    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = None
+
+
+def _job_kind(value: Any) -> str:
+    kind = value.get("kind", "train") if isinstance(value, dict) else getattr(value, "kind", None)
+    return kind if kind in ("train", "study") else "train"
+
+
+#: A job to run, by ``kind`` (default "train"); the tag never appears in error locations.
+JobCreate = Annotated[
+    Annotated[TrainJobCreate, Tag("train")] | Annotated[StudyJobCreate, Tag("study")],
+    Discriminator(_job_kind),
+]
 
 
 class JobProgress(BaseModel):

@@ -60,6 +60,10 @@ class StudyConfig(_Section):
     decay: Literal["none", "poly", "cosine"] = "cosine"
     min_lr_factor: Annotated[float, Field(ge=0, le=1)] = 0.0
     evals_per_run: PositiveInt = 10
+    #: Cells trained at once, each in its own process with ``cores / workers`` threads (small
+    #: models are bound by per-step overhead, which one thread serves as well as two). How the
+    #: study runs, not what it measures: a finished study may be resumed with another value.
+    workers: PositiveInt = 1
     #: "Rows to reach" this validation AUC; None: 0.01 below the oracle's validation AUC.
     target_auc: Annotated[float, Field(gt=0.5, lt=1.0)] | None = None
     train_eval_rows: PositiveInt = 50_000
@@ -83,6 +87,11 @@ class StudyConfig(_Section):
                 raise ValueError(f"optimizers.{o.name}.baseline: no optimizer {o.baseline!r}")
         if len(set(self.batch_sizes)) != len(self.batch_sizes):
             raise ValueError("batch_sizes: repeated value")
+        try:  # the base and each optimizer must make valid training configs
+            for o in self.optimizers:
+                self.cell_config(Cell(max(self.batch_sizes), o.name, 1.0, self.seeds[0]))
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
         return self
 
     @property
@@ -181,5 +190,4 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyCon
         study = StudyConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, str(path))) from None
-    study.cell_config(study.cells()[0])  # the base config must make valid cells
     return study

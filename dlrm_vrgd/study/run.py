@@ -15,17 +15,21 @@ Layout of the study directory::
       gsnr_ratio.png      mean GSNR ratio over training, dense and tables, VR optimizers
 
 A cell whose ``result.json`` exists is finished and never rerun; an unfinished cell (no
-``result.json``: the study was interrupted) is started again from scratch. All cells run in
-this process, so the synthetic rows are generated once (``data.cache_mb``) and shared.
+``result.json``: the study was interrupted) is started again from scratch. With
+``workers == 1`` all cells run in this process, so the synthetic rows are generated once
+(``data.cache_mb``) and shared; with more, each worker process keeps its own copy.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +51,14 @@ def run_study(
     """Train every unfinished cell, then write the report; returns the results dict.
 
     ``on_cell(index, total, cell, status)`` is told ``"skip"`` (finished before), ``"start"``
-    and ``"done"`` for each cell; ``train_callbacks`` are passed to each cell's training.
+    and ``"done"`` for each cell; ``train_callbacks`` are passed to each cell's training when the
+    cells run in this process (``study.workers == 1``).
     """
-    from dlrm_vrgd.train.loop import train
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "study.json"
     resolved = study.model_dump(mode="json")
-    if saved.exists() and json.loads(saved.read_text()) != resolved:
+    if saved.exists() and _spec(json.loads(saved.read_text())) != _spec(resolved):
         raise ValueError(
             f"{out} holds a different study (study.json differs): use another output directory"
         )
@@ -64,27 +67,85 @@ def run_study(
     cells = study.cells()
     (out / "metrics.jsonl").unlink(missing_ok=True)  # rewritten below, from the cells themselves
     log = JsonlWriter(out / "metrics.jsonl")
+    done = 0
+
+    def finished(i: int, cell: Cell, status: str) -> None:
+        nonlocal done
+        done += 1
+        if on_cell:
+            on_cell(i, len(cells), cell, status)
+        log.write(_cell_record(done, len(cells), cell, out / "cells" / cell.id, status))
+
+    todo = []
     try:
         for i, cell in enumerate(cells):
             run_dir = out / "cells" / cell.id
-            status = "skip"
-            if not (run_dir / RESULT).exists():
-                if run_dir.exists():  # interrupted: start the cell again
-                    shutil.rmtree(run_dir)
+            if (run_dir / RESULT).exists():
+                finished(i, cell, "skip")
+                continue
+            if run_dir.exists():  # interrupted: start the cell again
+                shutil.rmtree(run_dir)
+            todo.append((i, cell))
+        if study.workers == 1:
+            from dlrm_vrgd.train.loop import train
+
+            for i, cell in todo:
                 if on_cell:
                     on_cell(i, len(cells), cell, "start")
                 t0 = time.perf_counter()
-                train(study.cell_config(cell), run_dir, callbacks=list(train_callbacks or []))
+                train(
+                    study.cell_config(cell),
+                    out / "cells" / cell.id,
+                    callbacks=list(train_callbacks or []),
+                )
                 logger.info("cell %s done in %.1fs", cell.id, time.perf_counter() - t0)
-                status = "done"
-            if on_cell:
-                on_cell(i, len(cells), cell, status)
-            log.write(_cell_record(i + 1, len(cells), cell, run_dir, status))
+                finished(i, cell, "done")
+        else:
+            _run_parallel(study, out, todo, finished, on_cell, len(cells))
     finally:
         log.close()
     results = write_report(study, out)
     atomic_write_json(out / RESULT, results)
     return results
+
+
+def _spec(resolved: dict[str, Any]) -> dict[str, Any]:
+    """What a study measures: its config less how it is run."""
+    return {k: v for k, v in resolved.items() if k != "workers"}
+
+
+def _run_parallel(
+    study: StudyConfig,
+    out: Path,
+    todo: list[tuple[int, Cell]],
+    finished: Callable[[int, Cell, str], None],
+    on_cell: CellCallback | None,
+    total: int,
+) -> None:
+    threads = max(1, (os.cpu_count() or 1) // study.workers)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(study.workers, mp_context=context) as pool:
+        running = {}
+        for i, cell in todo:
+            args = (study.cell_config(cell).to_dict(), str(out / "cells" / cell.id), threads)
+            running[pool.submit(_train_cell, *args)] = (i, cell)
+            if on_cell:
+                on_cell(i, total, cell, "start")
+        for future in as_completed(running):
+            future.result()  # a failed cell fails the study (finished cells stay finished)
+            i, cell = running[future]
+            finished(i, cell, "done")
+
+
+def _train_cell(config: dict[str, Any], run_dir: str, threads: int) -> None:
+    """One cell in a worker process (spawned: a fresh interpreter)."""
+    import torch
+
+    from dlrm_vrgd.config import parse_config
+    from dlrm_vrgd.train.loop import train
+
+    torch.set_num_threads(threads)
+    train(parse_config(config), Path(run_dir))
 
 
 def _cell_record(done: int, total: int, cell: Cell, run_dir: Path, status: str) -> dict[str, Any]:

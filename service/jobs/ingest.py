@@ -92,7 +92,16 @@ def update_progress(
     p = dict(progress)
     for rec in metrics:
         kind = rec.get("kind")
-        if kind == "train":
+        if kind == "start" and _int(rec.get("total_steps")) is not None:
+            p["total_steps"] = rec["total_steps"]
+        elif kind == "cell":  # a study: one record per finished cell
+            p["step"] = _int(rec.get("step"))
+            p["total_steps"] = _int(rec.get("total_cells"))
+            p["last_cell"] = rec.get("cell")
+            for key in ("val_auc", "test_auc"):
+                p[f"{key}"] = _num(rec.get(key))
+            p["test_oracle_auc"] = _num(rec.get("oracle_auc"))
+        elif kind == "train":
             for key in ("step", "samples"):
                 if _int(rec.get(key)) is not None:
                     p[key] = rec[key]

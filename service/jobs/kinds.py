@@ -1,8 +1,9 @@
 """Job kinds: how a job of each kind is prepared and which command runs it.
 
-Only ``train`` exists today (``dlrm-vrgd train``). A new kind (the batch-size ``study``) adds
-an entry to :data:`KINDS` with its config model, its command and its initial progress; the
-runner, store and API treat every kind alike.
+``train`` runs ``dlrm-vrgd train``; ``study`` runs ``dlrm-vrgd study`` (a batch-size sweep:
+one training per cell, resumable — a restarted study skips its finished cells). Each kind is an
+entry of :data:`KINDS` with its command and its initial progress; the runner, store and API
+treat every kind alike.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlrm_vrgd.config import SyntheticData, TrainConfig
+from dlrm_vrgd.study.config import StudyConfig
 from service.jobs.files import JobFiles
 
 
@@ -53,6 +55,27 @@ def train_initial_progress(config: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def study_command(python: str, files: JobFiles, resume: bool = False) -> list[str]:
+    """``python -m dlrm_vrgd.cli study --config JOB/config.yaml --out JOB/run`` (a study always
+    resumes: finished cells are skipped)."""
+    return [
+        python,
+        "-m",
+        "dlrm_vrgd.cli",
+        "study",
+        "--config",
+        str(files.config),
+        "--out",
+        str(files.run_dir),
+    ]
+
+
+def study_initial_progress(config: dict[str, Any]) -> dict[str, Any]:
+    """A study's steps are its cells."""
+    return {"total_steps": len(StudyConfig.model_validate(config).cells())}
+
+
 KINDS: dict[str, KindSpec] = {
     "train": KindSpec(command=train_command, initial_progress=train_initial_progress),
+    "study": KindSpec(command=study_command, initial_progress=study_initial_progress),
 }

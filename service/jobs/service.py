@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrm_vrgd.config import CriteoData
+from dlrm_vrgd.study.config import StudyConfig
 from service.errors import (
     IllegalTransition,
     InvalidInput,
@@ -58,6 +59,8 @@ class JobService:
     # ----------------------------------------------------------------------------- jobs
     def submit(self, body: JobCreate) -> Job:
         """Store a new queued job (its config written to its directory) and wake the runner."""
+        if isinstance(body.config, StudyConfig):
+            return self._create(body, body.config.model_dump(mode="json"))
         config = body.config
         if isinstance(config.data, CriteoData):
             path = config.data.path.expanduser()
@@ -71,7 +74,9 @@ class JobService:
                 )
             data = config.data.model_copy(update={"path": path})
             config = config.model_copy(update={"data": data})
-        resolved = config.to_dict()
+        return self._create(body, config.to_dict())
+
+    def _create(self, body: JobCreate, resolved: dict[str, Any]) -> Job:
         need, field = gpu_request(resolved)
         if need > self.runner.gpus.capacity:
             have = ",".join(self.runner.gpus.devices) or "none"

@@ -239,3 +239,15 @@ def test_fixed_number_of_micro_batches() -> None:
     assert {study.cell_config(c).run.accumulation_steps for c in study.cells()} == {4}
     with pytest.raises(ValueError, match="divisible by micro_batches"):
         tiny(micro_batches=3)
+
+
+def test_cells_in_parallel_workers_match_the_sequential_run(finished, tmp_path: Path) -> None:
+    study, _, results = finished
+    parallel = run_study(study.model_copy(update={"workers": 2}), tmp_path)
+    assert parallel["cells_finished"] == 16
+    for a, b in zip(parallel["summary"], results["summary"], strict=True):
+        assert (a["global_batch"], a["optimizer"]) == (b["global_batch"], b["optimizer"])
+        assert a["test_auc"] == pytest.approx(b["test_auc"], abs=2e-3)  # 1 vs 2 threads
+    # how a study runs is not what it measures: resuming with other workers is allowed
+    again = run_study(study.model_copy(update={"workers": 1}), tmp_path)
+    assert again["summary"] == parallel["summary"]
