@@ -165,13 +165,20 @@ def cmd_study(args: argparse.Namespace) -> int:
     )
     progress = ProgressLine()
 
-    def on_cell(i: int, total: int, cell: Any, status: str) -> None:
-        if status == "skip":
-            print(f"[{i + 1}/{total}] {cell.id}: finished before, skipped")
-        elif status == "start":
+    def on_cell(i: int, total: int, cell: Any, status: str, record: Any) -> None:
+        if status == "start":
             print(f"[{i + 1}/{total}] {cell.id}", flush=True)
+            return
+        what = "finished before" if status == "skip" else f"{record['train_seconds']:.0f} s"
+        print(
+            f"[{record['step']}/{total} done] {cell.id}: val AUC {record['val_auc']:.4f}, "
+            f"test AUC {record['test_auc']:.4f} ({what})",
+            flush=True,
+        )
 
-    results = run_study(study, out, on_cell=on_cell, train_callbacks=[progress])
+    results = run_study(
+        study, out, on_cell=on_cell, train_callbacks=[progress] if study.workers == 1 else []
+    )
     print((out / "results.md").read_text())
     print(
         f"results: {out}/results.json, results.csv, results.md and *.png "
@@ -266,22 +273,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     pp = sub.add_parser("preprocess", help="raw Criteo logs (TSV/CSV, gzip) -> npy day files")
     pp.add_argument(
-        "--input", nargs="+", required=True, metavar="PATH",
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="PATH",
         help="raw files, or directories (their files in natural order); one day each",
-    )  # fmt: skip
+    )
     pp.add_argument("--out", required=True, help="output directory (appears when complete)")
     pp.add_argument("--format", choices=["auto", "tsv", "csv"], default="auto")
     pp.add_argument("--max-rows-per-table", metavar="N[,N...]", help="ids -> id %% N (1 or 26)")
     pp.add_argument(
-        "--frequency-threshold", type=int, default=0, metavar="F",
+        "--frequency-threshold",
+        type=int,
+        default=0,
+        metavar="F",
         help="ids seen < F times share row 0 (needs --max-rows-per-table)",
-    )  # fmt: skip
+    )
     pp.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows, count them")
     pp.add_argument("--rows-per-day", type=int, metavar="R", help="cut each input into R-row days")
     pp.add_argument(
-        "--labels", choices=["auto", "yes", "no"], default="auto",
+        "--labels",
+        choices=["auto", "yes", "no"],
+        default="auto",
         help="label column? auto: the header, or any 40-field line in the first block",
-    )  # fmt: skip
+    )
     pp.add_argument("--dense-floor", type=int, default=-3, metavar="M", help="log(max(x,M)-M+2)")
     pp.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
     pp.add_argument("--workers", type=int, help="parsing threads (default: all cores)")

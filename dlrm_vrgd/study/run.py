@@ -39,7 +39,9 @@ from dlrm_vrgd.train.rundir import RESULT, JsonlWriter, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
-CellCallback = Callable[[int, int, Cell, str], None]
+#: ``on_cell(index, total, cell, status, record)``: status "skip" (finished before), "start"
+#: (sequential runs only) or "done"; ``record`` is the cell's progress record (None on start).
+CellCallback = Callable[[int, int, Cell, str, dict[str, Any] | None], None]
 
 
 def run_study(
@@ -50,9 +52,8 @@ def run_study(
 ) -> dict[str, Any]:
     """Train every unfinished cell, then write the report; returns the results dict.
 
-    ``on_cell(index, total, cell, status)`` is told ``"skip"`` (finished before), ``"start"``
-    and ``"done"`` for each cell; ``train_callbacks`` are passed to each cell's training when the
-    cells run in this process (``study.workers == 1``).
+    ``on_cell`` (see :data:`CellCallback`) hears about each cell; ``train_callbacks`` are passed
+    to each cell's training when the cells run in this process (``study.workers == 1``).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -72,9 +73,10 @@ def run_study(
     def finished(i: int, cell: Cell, status: str) -> None:
         nonlocal done
         done += 1
+        record = _cell_record(done, len(cells), cell, out / "cells" / cell.id, status)
+        log.write(record)
         if on_cell:
-            on_cell(i, len(cells), cell, status)
-        log.write(_cell_record(done, len(cells), cell, out / "cells" / cell.id, status))
+            on_cell(i, len(cells), cell, status, record)
 
     todo = []
     try:
@@ -91,7 +93,7 @@ def run_study(
 
             for i, cell in todo:
                 if on_cell:
-                    on_cell(i, len(cells), cell, "start")
+                    on_cell(i, len(cells), cell, "start", None)
                 t0 = time.perf_counter()
                 train(
                     study.cell_config(cell),
@@ -101,7 +103,7 @@ def run_study(
                 logger.info("cell %s done in %.1fs", cell.id, time.perf_counter() - t0)
                 finished(i, cell, "done")
         else:
-            _run_parallel(study, out, todo, finished, on_cell, len(cells))
+            _run_parallel(study, out, todo, finished)
     finally:
         log.close()
     results = write_report(study, out)
@@ -119,8 +121,6 @@ def _run_parallel(
     out: Path,
     todo: list[tuple[int, Cell]],
     finished: Callable[[int, Cell, str], None],
-    on_cell: CellCallback | None,
-    total: int,
 ) -> None:
     threads = max(1, (os.cpu_count() or 1) // study.workers)
     context = multiprocessing.get_context("spawn")
@@ -129,8 +129,6 @@ def _run_parallel(
         for i, cell in todo:
             args = (study.cell_config(cell).to_dict(), str(out / "cells" / cell.id), threads)
             running[pool.submit(_train_cell, *args)] = (i, cell)
-            if on_cell:
-                on_cell(i, total, cell, "start")
         for future in as_completed(running):
             future.result()  # a failed cell fails the study (finished cells stay finished)
             i, cell = running[future]
@@ -144,6 +142,7 @@ def _train_cell(config: dict[str, Any], run_dir: str, threads: int) -> None:
     from dlrm_vrgd.config import parse_config
     from dlrm_vrgd.train.loop import train
 
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     torch.set_num_threads(threads)
     train(parse_config(config), Path(run_dir))
 

@@ -112,7 +112,7 @@ def test_rerun_skips_finished_cells(finished) -> None:
     victim = study.cells()[5]
     (out / "cells" / victim.id / "result.json").unlink()  # as if interrupted mid-cell
     seen: list[tuple[str, str]] = []
-    again = run_study(study, out, on_cell=lambda i, n, c, status: seen.append((c.id, status)))
+    again = run_study(study, out, on_cell=lambda i, n, c, status, r: seen.append((c.id, status)))
     assert [s for c, s in seen if c != victim.id] == ["skip"] * 15
     assert [s for c, s in seen if c == victim.id] == ["start", "done"]
     for c in study.cells():
