@@ -114,38 +114,25 @@ def normalize_clip(
     return ratio, stats
 
 
-def gsnr_ratio(
-    grad_sum: torch.Tensor, sq_sum: torch.Tensor, k: int, gamma: float
-) -> tuple[torch.Tensor, GSNRStats]:
-    """Element-wise clipped, normalized GSNR ratio of one tensor (DESIGN.md 4.1).
-
-    ``grad_sum`` = ``Σ_d g_d``, ``sq_sum`` = ``Σ_d g_d²`` over ``k`` groups (fp32 or wider;
-    lower precisions are promoted). Returns the ratio (same shape, in ``[γ, 1]``) and stats.
-    """
+def _check(k: int, gamma: float) -> None:
     if not 0.0 < gamma <= 1.0:
         raise ValueError(f"Invalid gamma: {gamma} (must be in (0, 1])")
     if k < 1:
         raise ValueError(f"Invalid number of groups: {k}")
-    acc = torch.promote_types(grad_sum.dtype, torch.float32)
-    mean = grad_sum.to(acc) / k
-    if k < 2:
-        degenerate = torch.ones_like(mean, dtype=torch.bool)
-        return normalize_clip(torch.ones_like(mean), degenerate, gamma)
-    r, degenerate = raw_gsnr(mean * mean, sq_sum.to(acc) / k)
-    return normalize_clip(r, degenerate, gamma)
 
 
 def gsnr_ratios(
     grad_sums: list[torch.Tensor], sq_sums: list[torch.Tensor], k: int, gamma: float
 ) -> tuple[list[torch.Tensor], GSNRStats]:
-    """:func:`gsnr_ratio` of several tensors at once — each normalized by its own mean, as the
-    tensors are concatenated into one vector with a segment per tensor (a handful of kernels
-    whatever the number of tensors). Returns the ratios (shaped like the inputs, fp32) and the
-    stats with one entry per tensor."""
-    if not 0.0 < gamma <= 1.0:
-        raise ValueError(f"Invalid gamma: {gamma} (must be in (0, 1])")
-    if k < 1:
-        raise ValueError(f"Invalid number of groups: {k}")
+    """Element-wise clipped, normalized GSNR ratios of several tensors (DESIGN.md 4.1).
+
+    ``grad_sums[i]`` = ``Σ_d g_d``, ``sq_sums[i]`` = ``Σ_d g_d²`` of tensor ``i`` over ``k``
+    groups (accumulated in fp32 or wider; lower precisions are promoted). Each tensor is
+    normalized by its own mean, computed in one pass over their concatenation (a segment per
+    tensor): a handful of kernels whatever the number of tensors. Returns the ratios (shaped
+    like the inputs, fp32, in ``[γ, 1]``) and the stats with one entry per tensor.
+    """
+    _check(k, gamma)
     sizes = [g.numel() for g in grad_sums]
     device = grad_sums[0].device
     mean = torch.cat([g.reshape(-1).float() for g in grad_sums]) / k
@@ -162,21 +149,49 @@ def gsnr_ratios(
     return parts, stats
 
 
-def rowwise_ratio(
+def gsnr_ratio(
     grad_sum: torch.Tensor, sq_sum: torch.Tensor, k: int, gamma: float
 ) -> tuple[torch.Tensor, GSNRStats]:
-    """One ratio per embedding row (DESIGN.md 4.3).
+    """:func:`gsnr_ratios` of one tensor (its stats are 0-d)."""
+    (ratio,), stats = gsnr_ratios([grad_sum], [sq_sum], k, gamma)
+    return ratio, GSNRStats(
+        *(
+            t.reshape(())
+            for t in (stats.raw_mean, stats.ratio_mean, stats.frac_clipped, stats.frac_degenerate)
+        )
+    )
 
-    ``grad_sum``: U x D, ``Σ_d g_{d,row}`` over the ``k`` groups (zero for groups that did not
-    touch the row); ``sq_sum``: U, ``Σ_d ‖g_{d,row}‖²``. Returns a U-vector in ``[γ, 1]``.
-    A row touched by one group only has raw ratio ``1/(k − 1)``.
-    """
-    if not 0.0 < gamma <= 1.0:
-        raise ValueError(f"Invalid gamma: {gamma} (must be in (0, 1])")
-    mean = grad_sum.to(torch.float32) / k
-    signal = mean.square().sum(dim=1)
+
+def row_sq_norm(x: torch.Tensor) -> torch.Tensor:
+    """``‖x_i‖²`` of each row of ``x`` (U x D -> U)."""
+    return torch.linalg.vector_norm(x, dim=1).square()
+
+
+def row_moments(
+    grad_sum: torch.Tensor, sq_sum: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two row scalars of DESIGN.md 4.3: ``‖ḡ_row‖²`` and ``(1/k) Σ_d ‖g_{d,row}‖²``, from
+    ``grad_sum`` (U x D, ``Σ_d g_{d,row}``; zero for groups that did not touch the row) and
+    ``sq_sum`` (U, ``Σ_d ‖g_{d,row}‖²``)."""
+    signal = row_sq_norm(grad_sum.float()) / (k * k)
+    return signal, sq_sum.float() / k
+
+
+def rowwise_ratio(
+    grad_sum: torch.Tensor,
+    sq_sum: torch.Tensor,
+    k: int,
+    gamma: float,
+    segments: torch.Tensor | None = None,
+    num_segments: int = 1,
+) -> tuple[torch.Tensor, GSNRStats]:
+    """One ratio per embedding row (DESIGN.md 4.3): ``r_row = ‖ḡ_row‖² / σ²_row`` with
+    ``σ²_row`` from :func:`row_moments`, normalized over the rows of each table (``segments``:
+    the table of each row; None = one table), clipped to ``[γ, 1]``. A row touched by one group
+    only has raw ratio ``1/(k − 1)``."""
+    _check(k, gamma)
     if k < 2:
-        degenerate = torch.ones_like(signal, dtype=torch.bool)
-        return normalize_clip(torch.ones_like(signal), degenerate, gamma)
-    r, degenerate = raw_gsnr(signal, sq_sum.to(torch.float32) / k)
-    return normalize_clip(r, degenerate, gamma)
+        ones = torch.ones(grad_sum.shape[0], device=grad_sum.device)
+        return normalize_clip(ones, ones.bool(), gamma, segments, num_segments)
+    r, degenerate = raw_gsnr(*row_moments(grad_sum, sq_sum, k))
+    return normalize_clip(r, degenerate, gamma, segments, num_segments)

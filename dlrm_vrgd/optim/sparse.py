@@ -25,14 +25,15 @@ from typing import Any, Literal, Protocol
 import torch
 
 from dlrm_vrgd.embedding.capture import LookupCapture, RowGrads, RowSpace
-from dlrm_vrgd.optim.gsnr import normalize_clip, raw_gsnr
+from dlrm_vrgd.optim.gsnr import (
+    normalize_clip,
+    raw_gsnr,
+    row_moments,
+    row_sq_norm,
+    rowwise_ratio,
+)
 
 Estimator = Literal["step", "ema"]
-
-
-def row_sq_norm(x: torch.Tensor) -> torch.Tensor:
-    """``‖x_i‖²`` of each row of ``x`` (U x D -> U)."""
-    return torch.linalg.vector_norm(x, dim=1).square()
 
 
 logger = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class SparseRowwiseOptimizer:
     the row's gradient signal-to-noise ratio (DESIGN.md 4.3).
 
     With ``gsnr=True`` the fused kernel receives ``r_row · ḡ_row`` instead of ``ḡ_row``, where
-    ``r_row`` is :func:`~dlrm_vrgd.optim.gsnr.rowwise_ratio` normalized over the table's touched
+    ``r_row`` is :func:`~dlrm_vrgd.optim.gsnr.rowwise_ratio`: normalized over the table's touched
     rows and clipped to ``[γ, 1]``. Two estimators of the raw ratio ``‖ḡ‖² / σ²``:
 
     * ``"step"``: this step's groups only. A row touched by one group has raw ratio ``1/(k−1)``.
@@ -225,20 +226,19 @@ class SparseRowwiseOptimizer:
                     acc.add(rg)
         self.k += self.groups_per_collect
 
-    def _raw(
+    def _smoothed(
         self, li: int, s: int, rows: torch.Tensor, signal: torch.Tensor, second: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Raw row ratio and degenerate mask from this step's (or the smoothed) row scalars
-        ``signal = ‖ḡ_row‖²`` and ``second = (1/k) Σ_d ‖g_{d,row}‖²``."""
-        if self.estimator == "ema":
-            ema_signal, ema_second = self._ema[li][s]
-            old_s, old_q = ema_signal[rows], ema_second[rows]
-            fresh = old_q <= 0
-            b = self.ema_beta
-            signal = torch.where(fresh, signal, b * old_s + (1 - b) * signal)
-            second = torch.where(fresh, second, b * old_q + (1 - b) * second)
-            ema_signal[rows] = signal
-            ema_second[rows] = second
+        """The EMA estimator: fold this step's row scalars into the per-row averages (the first
+        observation initializes them) and take the raw ratio of the averages."""
+        ema_signal, ema_second = self._ema[li][s]
+        old_s, old_q = ema_signal[rows], ema_second[rows]
+        fresh = old_q <= 0
+        b = self.ema_beta
+        signal = torch.where(fresh, signal, b * old_s + (1 - b) * signal)
+        second = torch.where(fresh, second, b * old_q + (1 - b) * second)
+        ema_signal[rows] = signal
+        ema_second[rows] = second
         return raw_gsnr(signal, second)
 
     @torch.no_grad()
@@ -288,12 +288,15 @@ class SparseRowwiseOptimizer:
         raw = ratio = torch.ones(rows.numel(), device=grad_sum.device)
         stats: list[dict[str, float]] = [{} for _ in space.tables]
         if self.gsnr:
-            if k >= 2:
-                signal = row_sq_norm(grad_sum) / (k * k)
-                raw, degenerate = self._raw(li, s, rows, signal, sq_sum / k)
+            if self.estimator == "step":
+                ratio, seg = rowwise_ratio(grad_sum, sq_sum, k, self.gamma, table_ix, n_tables)
+                if self.record_rows and k >= 2:
+                    raw, _ = raw_gsnr(*row_moments(grad_sum, sq_sum, k))
             else:
                 degenerate = torch.ones(rows.numel(), dtype=torch.bool, device=raw.device)
-            ratio, seg = normalize_clip(raw, degenerate, self.gamma, table_ix, n_tables)
+                if k >= 2:
+                    raw, degenerate = self._smoothed(li, s, rows, *row_moments(grad_sum, sq_sum, k))
+                ratio, seg = normalize_clip(raw, degenerate, self.gamma, table_ix, n_tables)
             stats = seg.as_dicts()
         update = grad_sum.mul_((ratio / k)[:, None])  # r_row · ḡ_row, in place
         counts = torch.bincount(table_ix, minlength=n_tables).tolist()
