@@ -14,8 +14,10 @@ Layout of the study directory::
       auc_vs_rows.png     validation AUC against rows seen, best LR, per batch size
       gsnr_ratio.png      mean GSNR ratio over training, dense and tables, VR optimizers
 
-A cell whose ``result.json`` exists is finished and never rerun; an unfinished cell (no
-``result.json``: the study was interrupted) is started again from scratch. With
+A cell whose ``result.json`` exists is finished and never rerun (its ``config.json`` must be the
+config the study gives it now); an unfinished cell (no ``result.json``: the study was interrupted)
+is started again from scratch. A finished study may be grown — more learning-rate multipliers or
+seeds — in the same directory: only the new cells run. With
 ``workers == 1`` all cells run in this process, so the synthetic rows are generated once
 (``data.cache_mb``) and shared; with more, each worker process keeps its own copy.
 """
@@ -35,7 +37,7 @@ from typing import Any
 
 from dlrm_vrgd.study.config import Cell, StudyConfig
 from dlrm_vrgd.study.report import write_report
-from dlrm_vrgd.train.rundir import RESULT, JsonlWriter, atomic_write_json
+from dlrm_vrgd.train.rundir import CONFIG, RESULT, JsonlWriter, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ def run_study(
         for i, cell in enumerate(cells):
             run_dir = out / "cells" / cell.id
             if (run_dir / RESULT).exists():
+                _check_finished_cell(study, cell, run_dir)
                 finished(i, cell, "skip")
                 continue
             if run_dir.exists():  # interrupted: start the cell again
@@ -111,9 +114,24 @@ def run_study(
     return results
 
 
+#: Settings that only choose which cells run, how many at once, or how they are reported: a
+#: finished study may be resumed with more learning rates or seeds, or another target AUC.
+_GRID_ONLY = ("workers", "lr_multipliers", "seeds", "target_auc")
+
+
 def _spec(resolved: dict[str, Any]) -> dict[str, Any]:
-    """What a study measures: its config less how it is run."""
-    return {k: v for k, v in resolved.items() if k != "workers"}
+    """What every cell of a study shares: its config less the grid-only settings."""
+    return {k: v for k, v in resolved.items() if k not in _GRID_ONLY}
+
+
+def _check_finished_cell(study: StudyConfig, cell: Cell, run_dir: Path) -> None:
+    """A finished cell is reused only if it trained exactly the config the study asks of it."""
+    stored = json.loads((run_dir / CONFIG).read_text())
+    if stored != json.loads(json.dumps(study.cell_config(cell).to_dict())):
+        raise ValueError(
+            f"{run_dir / CONFIG} differs from the config this study gives cell {cell.id}: "
+            "use another output directory"
+        )
 
 
 def _run_parallel(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,33 @@ def test_rerun_skips_finished_cells(finished) -> None:
 def test_another_study_in_the_same_directory_is_refused(finished) -> None:
     _, out, _ = finished
     with pytest.raises(ValueError, match="different study"):
-        run_study(tiny(seeds=[0, 1, 2]), out)
+        run_study(tiny(steps_at_largest=8), out)
+
+
+def test_a_grown_grid_runs_only_the_new_cells(finished, tmp_path: Path) -> None:
+    study, out, _ = finished
+    copy = tmp_path / "study"
+    shutil.copytree(out, copy)
+    grown = tiny(lr_multipliers=[0.5, 1.0, 2.0])
+    seen: list[tuple[str, str]] = []
+    results = run_study(grown, copy, on_cell=lambda i, n, c, status, r: seen.append((c.id, status)))
+    old = {c.id for c in study.cells()}
+    assert {c for c, s in seen if s == "skip"} == old
+    assert {c for c, s in seen if s == "done"} == {c.id for c in grown.cells()} - old
+    assert len(results["cells"]) == len(grown.cells()) == 24
+
+
+def test_a_finished_cell_trained_with_another_config_is_refused(finished, tmp_path: Path) -> None:
+    study, out, _ = finished
+    copy = tmp_path / "study"
+    shutil.copytree(out, copy)
+    victim = study.cells()[3]
+    path = copy / "cells" / victim.id / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["optim"]["dense"]["lr"] *= 2
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=re.escape(victim.id)):
+        run_study(study, copy)
 
 
 def test_markdown_numbers_equal_the_json(finished) -> None:
