@@ -23,6 +23,8 @@ DIGITS = {
     "val_auc": 4,
     "gsnr_dense": 3,
     "gsnr_tables": 3,
+    "gsnr_dense_clipped": 3,
+    "gsnr_tables_clipped": 3,
     "wall_s": 1,
 }
 
@@ -187,6 +189,8 @@ MD_COLUMNS = [
     ("wall_s", "train s"),
     ("gsnr_dense", "GSNR ratio dense"),
     ("gsnr_tables", "GSNR ratio tables"),
+    ("gsnr_dense_clipped", "at γ dense"),
+    ("gsnr_tables_clipped", "at γ tables"),
 ]
 
 
@@ -219,7 +223,9 @@ def markdown(
         f"{study.reference_batch:,}) x multiplier, multipliers {study.lr_multipliers}; "
         f"{len(study.seeds)} seeds; warm-up {study.warmup_fraction:.0%} of the steps, "
         f"{study.decay} decay. The multiplier is chosen on validation AUC (mean over seeds); "
-        f"test figures are at that multiplier. Target AUC (validation) {target:.4f}.",
+        f"test figures are at that multiplier. Target AUC (validation) {target:.4f}. GSNR "
+        "columns (VR optimizers): the mean clipped ratio over training (dense layers weighted "
+        "by elements, tables by touched rows) and the fraction at the floor γ.",
         "",
         "| " + " | ".join(h for _, h in MD_COLUMNS) + " |",
         "|" + "---|" * len(MD_COLUMNS),

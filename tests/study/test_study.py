@@ -278,3 +278,17 @@ def test_cells_in_parallel_workers_match_the_sequential_run(finished, tmp_path: 
     # how a study runs is not what it measures: resuming with other workers is allowed
     again = run_study(study.model_copy(update={"workers": 1}), tmp_path)
     assert again["summary"] == parallel["summary"]
+
+
+@pytest.mark.parametrize("name", ["study_cpu", "study_cpu_32k", "study_gpu", "study_cpu_estimator"])
+def test_shipped_study_configs_load(name: str) -> None:
+    from dlrm_vrgd.study.config import load_study
+
+    study = load_study(Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml")
+    if name == "study_cpu_estimator":  # a follow-up around a known best LR, not a full grid
+        return
+    assert len(study.lr_multipliers) >= 5 and min(study.lr_multipliers) < 1  # below the sqrt rule
+    assert len(study.seeds) >= 3
+    assert {o.baseline for o in study.optimizers if o.baseline} <= {
+        o.name for o in study.optimizers
+    }
