@@ -122,3 +122,16 @@ def test_rowwise_ratio_hand_computed() -> None:
     mean = (1 / 3 + r1 + 1 / 3) / 3
     expected = torch.tensor([1 / 3 / mean, r1 / mean, 1 / 3 / mean]).clamp(0.2, 1.0)
     torch.testing.assert_close(ratio, expected)
+
+
+def test_contiguous_segment_lengths_give_the_scatter_result() -> None:
+    gen = torch.Generator().manual_seed(3)
+    lengths = torch.tensor([5, 1, 0, 17, 9])
+    segments = torch.repeat_interleave(torch.arange(5), lengths)
+    r = torch.rand(int(lengths.sum()), generator=gen) * 4
+    degenerate = torch.rand(r.shape, generator=gen) < 0.3
+    ratio, stats = normalize_clip(r, degenerate, 0.2, segments, 5)
+    ratio_l, stats_l = normalize_clip(r, degenerate, 0.2, segments, 5, lengths)
+    torch.testing.assert_close(ratio_l, ratio)
+    for field in ("raw_mean", "ratio_mean", "frac_clipped", "frac_degenerate"):
+        torch.testing.assert_close(getattr(stats_l, field), getattr(stats, field))
