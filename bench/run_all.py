@@ -1,6 +1,6 @@
 """Run every benchmark in turn (``make bench``), each printing its own table and ratios.
 
-    python bench/run_all.py [--only NAME ...]
+python bench/run_all.py [--only NAME ...]
 """
 
 from __future__ import annotations
