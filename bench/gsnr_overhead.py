@@ -65,7 +65,8 @@ def main() -> None:
     for name, vr, base in PAIRS:
         variants[f"{name}"] = trainer(vr).train_step
         variants[f"{name}:base"] = trainer(base).train_step
-    n_dense = sum(p.numel() for p in trainer(PAIRS[0][2]).model.dense_parameters())
+    dense_params = list(trainer(PAIRS[0][2]).model.dense_parameters())
+    n_dense = sum(p.numel() for p in dense_params)
     print(
         f"demo model: {n_dense:,} dense parameters; G = {k} x {b} rows; "
         f"{threads()} threads; median of {args.reps} interleaved steps"
@@ -86,7 +87,7 @@ def main() -> None:
     print_table(["optimizer", "base", "VR step ms", "base step ms", "ratio"], rows)
 
     # the optimizer's own work alone, with far less noise than a whole step
-    model_params = [p for p in trainer(PAIRS[0][2]).model.dense_parameters() if p.requires_grad]
+    model_params = [p for p in dense_params if p.requires_grad]
     groups = [[torch.randn_like(p) for p in model_params] for _ in range(k)]
 
     def optimizer_only(dense: dict) -> Callable[[], None]:

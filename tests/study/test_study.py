@@ -281,15 +281,23 @@ def test_cells_in_parallel_workers_match_the_sequential_run(finished, tmp_path: 
     assert again["summary"] == parallel["summary"]
 
 
-@pytest.mark.parametrize("name", ["study_cpu", "study_cpu_32k", "study_gpu", "study_cpu_estimator"])
-def test_shipped_study_configs_load(name: str) -> None:
+def _shipped_study(name: str) -> StudyConfig:
     from dlrm_vrgd.study.config import load_study
 
-    study = load_study(Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml")
-    if name == "study_cpu_estimator":  # a follow-up around a known best LR, not a full grid
-        return
-    assert len(study.lr_multipliers) >= 5 and min(study.lr_multipliers) < 1  # below the sqrt rule
-    assert len(study.seeds) >= 3
+    return load_study(Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml")
+
+
+@pytest.mark.parametrize("name", ["study_cpu", "study_cpu_32k", "study_gpu", "study_cpu_estimator"])
+def test_shipped_study_configs_load(name: str) -> None:
+    study = _shipped_study(name)
     assert {o.baseline for o in study.optimizers if o.baseline} <= {
         o.name for o in study.optimizers
     }
+
+
+# study_cpu_estimator is a follow-up around a known best LR, not a full grid
+@pytest.mark.parametrize("name", ["study_cpu", "study_cpu_32k", "study_gpu"])
+def test_shipped_full_grids_sweep_enough_lrs_and_seeds(name: str) -> None:
+    study = _shipped_study(name)
+    assert len(study.lr_multipliers) >= 5 and min(study.lr_multipliers) < 1  # below the sqrt rule
+    assert len(study.seeds) >= 3
