@@ -220,6 +220,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         summary="Submit DLRM training jobs, watch AUC and per-layer GSNR live, fetch results.",
         lifespan=lifespan,
+        # FastAPI's pages load Swagger UI / ReDoc from a CDN: /docs is served from the
+        # package instead (service/api/routes/pages.py), under the dashboard's strict policy
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.should_exit = lambda: False

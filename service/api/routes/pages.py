@@ -1,4 +1,5 @@
-"""The dashboard: its pages under ``/ui/`` and its static files under ``/ui/static/``.
+"""The dashboard: its pages under ``/ui/`` and its static files under ``/ui/static/``; and the
+API docs (``/docs``: Swagger UI, vendored like uPlot, on ``/openapi.json``).
 
 Every page is the same shell (``service/static/index.html``); its scripts pick the view from
 the path and fetch the data from ``/api/v1`` with the bearer token the user entered. The shell
@@ -6,6 +7,11 @@ and the assets hold no data, so they are served without auth: without a token a 
 the sign-in prompt and requests nothing. Pages go out with a strict Content-Security-Policy
 (scripts, styles and connections to this origin only; images also from ``blob:`` for plots
 fetched with the token) and no referrer.
+
+The API schema and its docs page are public too, like the shell: they describe the API's
+shape (the same as the published source) and hold no job, record or token, and Swagger UI
+must read the schema before its *Authorize* dialog can take the token. Every route that reads
+or changes data needs it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from fastapi.staticfiles import StaticFiles
 
 STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 INDEX = STATIC_DIR / "index.html"
+DOCS = STATIC_DIR / "docs.html"
+DOCS_PATH = "/docs"
 UI_PREFIX = "/ui"
 
 #: Sent with every page: scripts, styles, fetches from this origin only (no inline script or
@@ -71,7 +79,14 @@ def studies_page() -> FileResponse:
     return _page()
 
 
+def docs_page() -> FileResponse:
+    """Swagger UI on ``/openapi.json``, every asset from ``/ui/static`` (works offline)."""
+    return FileResponse(DOCS, media_type="text/html", headers=PAGE_HEADERS)
+
+
 def install(app: FastAPI) -> None:
-    """Add the dashboard to ``app``: the pages and ``/ui/static`` (the bundled assets)."""
+    """Add the dashboard to ``app``: the pages, ``/docs`` and ``/ui/static`` (the bundled
+    assets). ``app`` is made with ``docs_url=None``: FastAPI's own page loads from a CDN."""
     app.include_router(router)
+    app.add_api_route(DOCS_PATH, docs_page, methods=["GET"], include_in_schema=False)
     app.mount(f"{UI_PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="ui-static")
