@@ -40,10 +40,21 @@ def get_logs(
 
 
 @router.get("/{job_id}/artifacts", response_model=ArtifactsPublic, responses={**NOT_FOUND})
-def list_artifacts(job_id: JobId, service: ServiceDep) -> ArtifactsPublic:
-    """Files of the run directory: config.json, metrics.jsonl, gsnr.jsonl, result.json,
-    checkpoints/step_XXXXXXXX/{rank0.pt,manifest.json}."""
-    found = service.artifacts(job_id)
+def list_artifacts(
+    job_id: JobId,
+    service: ServiceDep,
+    prefix: Annotated[
+        str,
+        Query(
+            max_length=1024,
+            description="Only paths that start with this, e.g. `checkpoints/`",
+        ),
+    ] = "",
+) -> ArtifactsPublic:
+    """Files of the run directory, sorted by path: config.json, metrics.jsonl, gsnr.jsonl,
+    result.json, checkpoints/step_XXXXXXXX/{rank0.pt,manifest.json} (only the newest
+    ``run.keep_checkpoints`` are kept: list them before downloading one)."""
+    found = [a for a in service.artifacts(job_id) if a.path.startswith(prefix)]
     return ArtifactsPublic(
         data=[ArtifactPublic(path=a.path, bytes=a.bytes, modified_at=a.modified_at) for a in found],
         count=len(found),

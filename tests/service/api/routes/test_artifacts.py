@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -82,3 +85,38 @@ def test_a_job_without_result_answers_404(client: ServiceClient, http: httpx.Cli
     job = client.submit("no result", tiny_job())
     response = http.get(f"/jobs/{job['id']}/result")
     assert response.status_code == 404 and "queued" in response.json()["detail"]
+
+
+def test_the_listing_takes_a_prefix_a_script_can_pick_the_newest_checkpoint_from(
+    client: ServiceClient, http: httpx.Client, with_files: dict
+) -> None:
+    got = http.get(f"/jobs/{with_files['id']}/artifacts", params={"prefix": "checkpoints/"})
+    assert got.status_code == 200
+    assert got.json()["count"] == 1
+    assert [a["path"] for a in got.json()["data"]] == ["checkpoints/step_00000002/manifest.json"]
+    none = http.get(f"/jobs/{with_files['id']}/artifacts", params={"prefix": "nope/"}).json()
+    assert none == {"data": [], "count": 0}
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
+def test_curl_f_fails_on_a_missing_artifact_and_saves_nothing(
+    api: LocalService, with_files: dict, tmp_path: Path
+) -> None:
+    """The README downloads with ``curl -f``: a pruned checkpoint is an error, not a 404 body
+    saved under the checkpoint's name (what plain ``curl -s -O`` does, exiting 0)."""
+    url = f"{api.base_url}/api/v1/jobs/{with_files['id']}/artifacts"
+    auth = f"Authorization: Bearer {api.token}"
+    missing = f"{url}/checkpoints/step_00000050/rank0.pt"
+    plain = subprocess.run(["curl", "-s", "-H", auth, "-O", missing], cwd=tmp_path, check=False)
+    assert (
+        plain.returncode == 0 and b"no artifact" in (tmp_path / "rank0.pt").read_bytes()
+    )  # the trap
+    (tmp_path / "rank0.pt").unlink()
+    failed = subprocess.run(
+        ["curl", "-sf", "-H", auth, "-O", missing], cwd=tmp_path, capture_output=True, check=False
+    )
+    assert failed.returncode == 22  # curl: HTTP error (>= 400) with --fail
+    assert not (tmp_path / "rank0.pt").exists()
+    present = f"{url}/checkpoints/step_00000002/manifest.json"
+    ok = subprocess.run(["curl", "-sf", "-H", auth, "-O", present], cwd=tmp_path, check=False)
+    assert ok.returncode == 0 and (tmp_path / "manifest.json").read_bytes() == b'{"step": 2}'
