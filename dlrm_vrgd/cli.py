@@ -55,10 +55,16 @@ class ProgressLine:
 
 def _print_result(result: Any) -> None:
     val, test = result.val, result.test
-    print(
-        f"trained {result.steps} steps, {result.samples:,} rows at "
-        f"{result.rows_per_second:,.0f} rows/s"
-    )
+    if result.already_finished:
+        print(
+            f"{result.out_dir} finished all {result.steps} steps before ({result.samples:,} "
+            "rows): nothing to resume, its result.json is unchanged"
+        )
+    else:
+        print(
+            f"trained {result.steps} steps, {result.samples:,} rows at "
+            f"{result.rows_per_second:,.0f} rows/s"
+        )
     for name, m in (("val", val), ("test", test)):
         line = f"  {name:4s} AUC {m['auc']:.4f}  logloss {m['logloss']:.4f}  NE {m['ne']:.4f}"
         if "oracle_auc" in m:
@@ -91,10 +97,15 @@ def _launch_torchrun(cfg: TrainConfig, args: argparse.Namespace) -> int:
     from dlrm_vrgd.data import build_splits
     from dlrm_vrgd.data.batch import TrainStream
     from dlrm_vrgd.train import distributed
-    from dlrm_vrgd.train.loop import check_resume
+    from dlrm_vrgd.train.loop import check_resume, finished_run, stored_result
 
     check_resume(Path(args.out), cfg, args.resume)
-    TrainStream(build_splits(cfg.data).train, cfg.run.global_batch, cfg.run.micro_batch, 0)
+    rows = build_splits(cfg.data).train
+    TrainStream(rows, cfg.run.global_batch, cfg.run.micro_batch, 0)
+    done = finished_run(Path(args.out), cfg.total_steps(rows.num_rows))
+    if args.resume and done is not None:  # nothing to do: no ranks to start
+        _print_result(stored_result(done, Path(args.out)))
+        return 0
     argv = ["train", "--config", str(Path(args.config).resolve()), "--out", str(args.out)]
     argv += [a for item in args.set for a in ("--set", item)]
     argv += ["--resume"] if args.resume else []
@@ -331,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileExistsError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        print(f"\n{err}" if str(err) else "\ninterrupted", file=sys.stderr)
         return 130
 
 

@@ -111,3 +111,65 @@ def test_config_command_prints_resolved_config(tmp_path: Path) -> None:
     proc = cli("config", "--config", str(write_config(tmp_path)), "--set", "optim.dense.lr=0.5")
     assert proc.returncode == 0
     assert yaml.safe_load(proc.stdout)["optim"]["dense"]["lr"] == 0.5
+
+
+def test_resume_of_a_finished_run_is_a_no_op_that_says_so(tmp_path: Path) -> None:
+    """--resume on a run that finished: exit 0, a line saying so, and not one byte of the
+    run directory changes (no 0 s timings, no nan rows/s, no duplicate evals)."""
+    cfg = write_config(tmp_path, run={"eval_every": 2, "checkpoint_every": 2})
+    out = tmp_path / "run"
+    assert cli("train", "--config", str(cfg), "--out", str(out)).returncode == 0
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    mtimes = {p: p.stat().st_mtime_ns for p in before}
+    proc = cli("train", "--config", str(cfg), "--out", str(out), "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert "finished all 4 steps before" in proc.stdout and "unchanged" in proc.stdout
+    result = json.loads(before[out / "result.json"])
+    assert f"test AUC {result['test']['auc']:.4f}" in proc.stdout  # the stored figures
+    after = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert after == before  # result.json byte-identical, metrics.jsonl too
+    assert {p: p.stat().st_mtime_ns for p in after} == mtimes
+    # more steps asked for: the run continues from its last checkpoint instead
+    more = cli("train", "--config", str(cfg), "--out", str(out), "--resume", "--set", "run.steps=6")
+    assert more.returncode == 0, more.stderr
+    assert json.loads((out / "result.json").read_text())["steps"] == 6
+
+
+def test_ctrl_c_leaves_an_interrupted_resumable_run(tmp_path: Path) -> None:
+    """SIGINT (what Ctrl-C sends): exit 130, a plain message (no traceback), status.json says
+    "interrupted" at its step; --resume finishes the run and clears the status."""
+    import signal
+    import time
+
+    cfg = write_config(tmp_path, run={"steps": 100_000, "checkpoint_every": 2, "log_every": 1})
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlrm_vrgd.cli", "train", "--config", str(cfg), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoints" / "step_00000002").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "interrupted" and status["step"] >= 2
+    assert "interrupted (SIGINT)" in stderr and "--resume continues from step_" in stderr
+    assert status["message"] in stderr
+    assert not (out / "result.json").exists()
+
+    resumed = cli(
+        "train", "--config", str(cfg), "--out", str(out), "--resume", "--set", "run.steps=4"
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((out / "result.json").read_text())["steps"] >= 4
+    assert not (out / "status.json").exists()

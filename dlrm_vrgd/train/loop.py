@@ -11,6 +11,7 @@ batch once. Only one micro-batch is alive at a time, so memory is set by ``B``, 
 
 from __future__ import annotations
 
+import json
 import logging
 import platform
 import time
@@ -61,6 +62,10 @@ RESUMABLE_CHANGES = {
 }
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """The run was stopped by SIGINT (Ctrl-C); the message says where and how to resume."""
+
+
 class Callback:
     """Hooks for live progress (CLI line, service); every method is optional."""
 
@@ -85,6 +90,9 @@ class RunResult:
     eval_seconds: float
     out_dir: Path | None = None
     train: dict[str, Any] | None = None  # the final eval of training rows, when asked for
+    #: True when ``train(resume=True)`` found the run already finished and did nothing: the
+    #: figures are those of its result.json, which was left as it was.
+    already_finished: bool = False
 
     @property
     def rows_per_second(self) -> float:
@@ -339,6 +347,43 @@ def check_resume(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
     return latest
 
 
+def finished_run(out: Path, total_steps: int) -> dict[str, Any] | None:
+    """The result.json of a run in ``out`` that already trained all ``total_steps``, else None
+    (no result, an unreadable one, or fewer steps: e.g. ``run.steps`` was raised)."""
+    try:
+        result = json.loads((out / rundir.RESULT).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if not isinstance(result, dict) or not isinstance(result.get("steps"), int):
+        return None
+    return result if result["steps"] >= total_steps else None
+
+
+def stored_result(result: dict[str, Any], out: Path) -> RunResult:
+    timings = result.get("timings") or {}
+    loss = result.get("final_loss")
+    return RunResult(
+        steps=result["steps"],
+        samples=int(result.get("samples") or 0),
+        losses=[loss] if loss is not None else [],
+        val=result.get("val") or {},
+        test=result.get("test") or {},
+        best_val=result.get("best_val"),
+        train_seconds=float(timings.get("train_seconds") or 0.0),
+        eval_seconds=float(timings.get("eval_seconds") or 0.0),
+        out_dir=out,
+        train=result.get("train"),
+        already_finished=True,
+    )
+
+
+def _resume_hint(out: Path) -> str:
+    latest = ckpt.latest_checkpoint(out)
+    if latest is None:
+        return "no checkpoint was written yet: --resume starts it again from step 0"
+    return f"--resume continues from {latest.name}"
+
+
 def train(
     cfg: TrainConfig,
     out_dir: str | Path | None = None,
@@ -350,13 +395,22 @@ def train(
 
     With ``resume``, continue from the newest checkpoint in ``out_dir`` (records written after
     that checkpoint by the interrupted run are dropped), else ``out_dir`` must not hold a run.
+    A run that already finished all its steps is not touched: resuming it returns its stored
+    result (``already_finished``) and writes nothing.
     Under torchrun, every rank calls this with its ``env``; rank 0 writes the run directory and
     runs the callbacks, all ranks write their checkpoint shards.
     """
     env = env or DistEnv()
     out = Path(out_dir) if out_dir is not None else None
     latest = check_resume(out, cfg, resume) if out is not None else None
-    trainer = Trainer(cfg, env=env)  # everything that can fail on bad input fails before writes
+    splits = build_splits(cfg.data)
+    if resume and out is not None:
+        done = finished_run(out, cfg.total_steps(splits.train.num_rows))
+        if done is not None:
+            logger.info("%s finished all %d steps before: nothing to resume", out, done["steps"])
+            return stored_result(done, out)
+    # everything that can fail on bad input fails before writes
+    trainer = Trainer(cfg, splits, env=env)
     main = env.is_main
     if latest is not None:
         trainer.load_state_dict(ckpt.load_rank_state(latest, env.rank))
@@ -367,6 +421,8 @@ def train(
         out.mkdir(parents=True, exist_ok=True)
         for name in (rundir.METRICS, rundir.GSNR):
             rundir.truncate_jsonl_after(out / name, trainer.step)
+        if trainer.step >= trainer.total_steps:  # the final evals start again: drop earlier ones
+            rundir.drop_evals_at(out / rundir.METRICS, trainer.step)
         (out / rundir.RESULT).unlink(missing_ok=True)
         (out / rundir.STATUS).unlink(missing_ok=True)
         rundir.atomic_write_json(out / rundir.CONFIG, cfg.to_dict())
@@ -431,6 +487,15 @@ def train(
                 cb.on_eval(ev)
         if out and run.checkpoint_every and trainer.step % run.checkpoint_every != 0:
             trainer.save_checkpoint(out)
+    except KeyboardInterrupt as err:
+        hint = _resume_hint(out) if out is not None else "it wrote no run directory"
+        message = f"interrupted (SIGINT) at step {trainer.step}; {hint}"
+        if writing:  # tell readers (the service) how the run ended
+            rundir.atomic_write_json(
+                out / rundir.STATUS,  # type: ignore[operator]
+                {"state": "interrupted", "step": trainer.step, "message": message},
+            )
+        raise RunInterrupted(message) from err
     except BaseException as err:
         if writing:  # tell readers (the service) why the run ended
             rundir.atomic_write_json(

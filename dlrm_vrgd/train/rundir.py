@@ -106,3 +106,15 @@ def truncate_jsonl_after(path: Path, step: int) -> None:
         return
     kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= step]
     atomic_write_bytes(path, "".join(dumps(r) + "\n" for r in kept).encode())
+
+
+def drop_evals_at(path: Path, step: int) -> None:
+    """Drop the ``kind: eval`` records of ``step`` (a run resumed at its last step evaluates
+    again; an earlier attempt's final evals must not be kept twice)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    records = read_jsonl(path)
+    kept = [r for r in records if not (r.get("kind") == "eval" and int(r.get("step", 0)) == step)]
+    if len(kept) != len(records):
+        atomic_write_bytes(path, "".join(dumps(r) + "\n" for r in kept).encode())

@@ -80,6 +80,7 @@ def test_truncated_checkpoint_is_detected(tmp_path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ckpt.CheckpointError, match="truncated"):
         ckpt.load_rank_state(latest, 0)
+    (tmp_path / "result.json").unlink()  # as if it crashed after its last checkpoint
     with pytest.raises(ckpt.CheckpointError):
         train(cfg.model_copy(), tmp_path, resume=True)
 
@@ -152,3 +153,20 @@ def test_resume_with_gsnr_sparse_ema_equals_uninterrupted(tmp_path: Path) -> Non
     )
     result = json.loads((tmp_path / "crashed" / "result.json").read_text())
     assert result["optimizers"]["sparse_gsnr_estimator"] == "ema"
+
+
+def test_resume_at_the_last_step_evaluates_once(tmp_path: Path) -> None:
+    """A run that crashed after its last checkpoint, in its final evals: resumed, it runs
+    them again and keeps one val and one test record, not the earlier attempt's too."""
+    cfg = tiny_config("run.steps=4", "run.checkpoint_every=4")
+    first = train(cfg, tmp_path)
+    (tmp_path / "result.json").unlink()
+    again = train(cfg, tmp_path, resume=True)
+    evals = [
+        (r["split"], r["step"])
+        for r in read_jsonl(tmp_path / "metrics.jsonl")
+        if r["kind"] == "eval"
+    ]
+    assert evals == [("val", 4), ("test", 4)]
+    assert again.test == first.test and not again.already_finished
+    assert json.loads((tmp_path / "result.json").read_text())["steps"] == 4
