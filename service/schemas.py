@@ -108,6 +108,9 @@ class JobPublic(BaseModel):
     timeout_s: float | None
     #: Leader of the job's process group while it runs (and after, for the record).
     pid: int | None
+    #: Exit status of a finished job (negative: killed by that signal); null while it runs,
+    #: for a job that never started, and where it cannot be known (a job re-attached after a
+    #: restart whose supervisor was SIGKILLed): the dashboard says "exit unknown" then.
     exit_code: int | None
     #: Why the job failed: exit status and the last log lines.
     error: str | None

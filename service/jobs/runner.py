@@ -10,8 +10,10 @@ Lifecycle of a job::
        `------cancel-------------------------------------> cancelled
 
 A job runs as one command (``dlrm-vrgd train ...``, which may start torchrun) in its own
-session and process group. Ending it signals the whole group: SIGTERM, then SIGKILL after
-``cancel_grace_s``; a job is only reported ended once no process of its group is left.
+session and process group, under a small supervisor (``service/jobs/supervise.py``) that
+records its exit status in ``jobs/<id>/exit.json``: how a re-attached job ended is known too.
+Ending it signals the whole group: SIGTERM, then SIGKILL after ``cancel_grace_s``; a job is
+only reported ended once no process of its group is left.
 
 The runner is one asyncio task on the service's event loop; every blocking step (SQLite,
 files, waiting for a process group) runs in a worker thread. State changes are conditional
@@ -42,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.errors import IllegalTransition, JobNotFound
-from service.jobs import process
+from service.jobs import process, supervise
 from service.jobs.files import JobFiles, read_result, tail_lines
 from service.jobs.gpus import (
     GPU_ENV,
@@ -87,7 +89,8 @@ class ActiveJob:
     timeout_s: float | None
     #: monotonic time after which the job times out, if it has a timeout.
     deadline: float | None
-    #: Our child; None for a job re-attached after a restart (not our child: no exit status).
+    #: Our child; None for a job re-attached after a restart (not our child: its exit status
+    #: comes from the supervisor's exit.json, if it could write one).
     popen: subprocess.Popen[bytes] | None
     #: "cancel", "timeout" or "shutdown" once the job is being stopped.
     stop_reason: str | None = None
@@ -379,10 +382,12 @@ class Runner:
             cmd = self._command(job, files)
             files.root.mkdir(parents=True, exist_ok=True)
             write_assignment(files.root, devices)
+            exit_file = files.root / supervise.EXIT_FILE
+            exit_file.unlink(missing_ok=True)
             env = self._child_env(job.id)
             env[GPU_ENV] = visible_devices(devices)
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # indices as nvidia-smi's
-            popen = process.spawn(cmd, files.root, files.log, env)
+            popen = process.spawn(supervise.wrap(cmd, exit_file), files.root, files.log, env)
         except Exception as err:
             logger.exception("job %s: could not start", job.id)
             self.store.transition(
@@ -471,6 +476,8 @@ class Runner:
         self._ingest(active.job_id)
         self._reap_group(active)
         files = self.files(active.job_id)
+        if status is None:  # not our child (re-attached, or ended while we were down)
+            status = supervise.read_exit_code(files.root / supervise.EXIT_FILE)
         result = read_result(files)
         finished = result is not None and (status == 0 or status is None)
         now = utcnow()

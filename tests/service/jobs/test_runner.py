@@ -240,3 +240,41 @@ def test_recovery_reattaches_live_jobs_and_settles_dead_ones(tmp_path: Path) -> 
     assert "gone when the service restarted" in (got[lost.id].error or "")  # type: ignore[union-attr]
     assert got[unborn.id].state == FAILED  # type: ignore[union-attr]
     assert "while starting" in (got[unborn.id].error or "")  # type: ignore[union-attr]
+
+
+SLOW_FAIL = "import sys, time\ntime.sleep(3)\nprint('late failure', flush=True)\nsys.exit(3)"
+
+
+def test_a_job_that_ends_after_a_restart_keeps_its_real_exit_status(tmp_path: Path) -> None:
+    """The service stops while the job runs (it is left running), a new service re-attaches
+    it; the job then fails with status 3: the new service is not its parent, yet records 3
+    (from the supervisor's exit.json), and says it in the reason."""
+    settings, store = make(tmp_path)
+    job = submit(store, SLOW_FAIL)
+    started = run_with(settings, store, lambda r: until_running(store, job.id))
+    assert isinstance(started, Job) and store.get_job(job.id).state == RUNNING  # type: ignore[union-attr]
+    done = run_with(settings, store, lambda r: until_done(store, job.id))
+    assert isinstance(done, Job) and done.state == FAILED
+    assert done.exit_code == 3
+    assert done.error is not None and "exit status 3" in done.error and "late failure" in done.error
+    exit_file = settings.jobs_dir / job.id / "exit.json"
+    assert json.loads(exit_file.read_text()) == {"exit_code": 3}
+
+
+def test_an_exit_status_that_cannot_be_known_is_said_to_be_unknown(tmp_path: Path) -> None:
+    """Re-attached, then the whole job (its supervisor too) is SIGKILLed by someone else:
+    nothing recorded how it ended. exit_code stays null and the reason says "unknown"."""
+    settings, store = make(tmp_path)
+    job = submit(store, SLEEP)
+    started = run_with(settings, store, lambda r: until_running(store, job.id))
+    assert isinstance(started, Job) and started.pgid is not None
+
+    async def body(runner: Runner) -> Job:
+        assert job.id in runner.active_pids  # re-attached
+        os.killpg(started.pgid or 0, 9)
+        return await until_done(store, job.id)
+
+    done = run_with(settings, store, body)
+    assert isinstance(done, Job) and done.state == FAILED and done.exit_code is None
+    assert done.error is not None and "exit status unknown" in done.error
+    assert not (settings.jobs_dir / job.id / "exit.json").exists()
