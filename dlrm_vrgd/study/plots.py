@@ -25,6 +25,7 @@ def write_plots(
 
     # 1. test AUC against batch size, best LR on validation, mean ± sd over seeds
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    lows, highs = [], []
     for name in names:
         pts = sorted(
             (s["global_batch"], s["test_auc"], s["test_auc_sd"])
@@ -33,6 +34,8 @@ def write_plots(
         )
         if pts:
             xs, ys, es = zip(*pts, strict=True)
+            lows += [y - (e or 0.0) for y, e in zip(ys, es, strict=True)]
+            highs += [y + (e or 0.0) for y, e in zip(ys, es, strict=True)]
             ax.errorbar(
                 xs,
                 ys,
@@ -43,9 +46,18 @@ def write_plots(
                 label=name,
                 linestyle="-" if name in vr else "--",
             )
+    # y fitted to the points and their error bars: the oracle, often far above them, would
+    # squeeze them flat at the bottom; its value stays in the legend when it is off the range
+    y_range = _fitted(lows, highs)
     oracle = [c["oracle_test_auc"] for c in cells if c["oracle_test_auc"] is not None]
     if oracle:
-        ax.axhline(sum(oracle) / len(oracle), color="grey", linestyle=":", label="oracle")
+        level = sum(oracle) / len(oracle)
+        where = ""
+        if y_range is not None:
+            where = " (above)" if level > y_range[1] else " (below)" if level < y_range[0] else ""
+        ax.axhline(level, color="grey", linestyle=":", label=f"oracle {level:.4f}{where}")
+    if y_range is not None:
+        ax.set_ylim(*y_range)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(study.batch_sizes), [f"{g:,}" for g in sorted(study.batch_sizes)])
     ax.minorticks_off()
@@ -110,6 +122,17 @@ def write_plots(
     ax_t.legend(fontsize=8)
     paths.append(_save(fig, out / "gsnr_ratio.png"))
     return paths
+
+
+def _fitted(lows: list[float], highs: list[float], pad: float = 0.15) -> tuple[float, float] | None:
+    """A y range around ``[min(lows), max(highs)]`` with ``pad`` of the span on each side (at
+    least 0.002 wide); None without values."""
+    values = [v for v in lows + highs if v == v]  # not NaN
+    if not values:
+        return None
+    lo, hi = min(values), max(values)
+    span = max(hi - lo, 0.002)
+    return lo - pad * span, hi + pad * span
 
 
 def _save(fig: Any, path: Path) -> Path:

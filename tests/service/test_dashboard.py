@@ -334,3 +334,87 @@ def test_cancel_works_from_the_job_page(signed_in: Watched, served: Served) -> N
     page.wait_for_selector("#stream-status[data-status=ended]")
     assert page.locator("#cancel-job").is_hidden()
     shot(page, "job-cancelled")
+
+
+def test_both_rows_per_s_figures_say_what_they_measure(signed_in: Watched, served: Served) -> None:
+    """The list and the job's tile show the last step's rows/s, the final metrics the run's
+    average (result.json's timings): each is labelled so."""
+    page = signed_in.page
+    job_id = served.finished["id"]
+    page.goto(served.url("/ui/"))
+    page.wait_for_selector(f"tr[data-job-id='{job_id}']")
+    assert page.inner_text("th[data-col=rows-per-s]").lower() == "rows/s (last step)"
+
+    page.goto(served.url(f"/ui/jobs/{job_id}"))
+    tile = page.locator("[data-tile=rows-per-s]")
+    tile.wait_for()
+    assert tile.locator(".tile-label").inner_text().lower() == "rows/s (last step)"
+    last_step = served.client.job(job_id)["progress"]["rows_per_s"]
+    value = tile.locator(".tile-value").inner_text()
+    assert value not in ("", "–") and value[0] == f"{last_step:.3g}"[0]
+    page.click("button[data-tab=result]")
+    page.wait_for_selector("#final-metrics")
+    facts = dict(
+        zip(
+            page.locator(".facts dt").all_inner_texts(),
+            page.locator(".facts dd").all_inner_texts(),
+            strict=True,
+        )
+    )
+    average = served.client.result(job_id)["timings"]["rows_per_s"]
+    assert facts["rows/s (run average)"] == f"{round(average):,}"
+
+
+def test_two_constant_learning_rates_draw_two_visible_lines(
+    signed_in: Watched, served: Served
+) -> None:
+    """Dense 0.01 and sparse 0.1, both constant: each on its own axis, dense in the upper
+    half and sparse in the lower, so both lines are on the canvas in their own colours, far
+    apart; the GSNR legend tells solid from dashed; the test AUC points are drawn large."""
+    page = signed_in.page
+    job_id = served.finished["id"]
+    train = served.client.metrics(job_id, kind="train")["data"]
+    assert {r["lr_dense"] for r in train} == {0.01} and {r["lr_sparse"] for r in train} == {0.1}
+    page.goto(served.url(f"/ui/jobs/{job_id}"))
+    wait_chart(page, "lr", 2, len(train))
+    got = page.evaluate(
+        """() => {
+            const u = window.dashboard.charts.lr;
+            const i = Math.floor(u.data[0].length / 2);
+            const x = Math.round(u.valToPos(u.data[0][i], "x", true));
+            const at = (v, scale) => u.valToPos(v, scale, true);
+            const patch = (y) =>
+                Array.from(u.ctx.getImageData(x - 8, Math.round(y) - 2, 17, 5).data);
+            const yd = at(u.data[1][i], "y"), ys = at(u.data[2][i], "lr_sparse");
+            const rel = (y) => (y - u.bbox.top) / u.bbox.height;
+            return { dense: rel(yd), sparse: rel(ys), densePx: patch(yd), sparsePx: patch(ys),
+                     shown: [u.series[1].show, u.series[2].show],
+                     labels: u.axes.slice(1).map((a) => a.label) };
+        }"""
+    )
+    assert got["shown"] == [True, True]
+    assert 0.05 < got["dense"] < 0.5 < got["sparse"] < 0.95  # canvas y grows downwards
+    assert got["sparse"] - got["dense"] > 0.3
+    assert "dense" in got["labels"][0] and "sparse" in got["labels"][1]
+
+    def has(pixels: list[int], hex_color: str) -> bool:
+        want = [int(hex_color[i : i + 2], 16) for i in (1, 3, 5)]
+        for k in range(0, len(pixels), 4):
+            if pixels[k + 3] > 200 and all(
+                abs(a - b) < 40 for a, b in zip(pixels[k : k + 3], want, strict=True)
+            ):
+                return True
+        return False
+
+    colors = page.evaluate("() => window.dashboard.charts.lr.series.slice(1).map(s => s._stroke)")
+    assert has(got["densePx"], colors[0]) and has(got["sparsePx"], colors[1])
+
+    wait_chart(page, "gsnr-summary", 1, len(train))
+    styles = page.evaluate(
+        """() => Array.from(document.querySelectorAll('#charts .u-legend .u-series'))
+            .filter(r => /dense (ratio|clipped)/.test(r.textContent))
+            .map(r => getComputedStyle(r.querySelector('.u-marker')).borderTopStyle)"""
+    )
+    assert styles == ["solid", "dashed"]
+    assert page.evaluate("() => window.dashboard.charts.auc.series[3].points.size") >= 10
+    shot(page, "job-lr-chart")

@@ -164,6 +164,15 @@ def test_study_results_are_shown_from_the_artifacts(
     for name in ("results.json", "results.csv", "study.json"):
         assert page.locator(f"#results button[data-path='{name}']").is_visible()
     assert page.locator("#results script").count() == 0
+    # a wide table scrolls sideways under a sticky first column
+    table = "article[data-path='results.md'] .table-scroll"
+    first = f"{table} tbody tr:first-child td:first-child"
+    assert page.eval_on_selector(first, "td => getComputedStyle(td).position") == "sticky"
+    left = page.eval_on_selector(first, "td => td.getBoundingClientRect().left")
+    page.eval_on_selector(table, "box => { box.style.maxWidth = '300px'; box.scrollLeft = 200; }")
+    assert page.eval_on_selector(table, "box => box.scrollLeft") > 0
+    assert page.eval_on_selector(first, "td => td.getBoundingClientRect().left") == left
+    page.eval_on_selector(table, "box => { box.style.maxWidth = ''; box.scrollLeft = 0; }")
     assert page.evaluate("() => window.injected") is None
     assert "<script>" in page.inner_text("#results")
     assert "null" not in page.inner_text("#results").split()
@@ -260,6 +269,16 @@ def test_a_study_job_page_shows_its_cells_live(
     for s, opt in ((1, "sgd"), (2, "vrsgd")):
         want = sorted((c["global_batch"], c["val_auc"]) for c in cells if c["optimizer"] == opt)
         assert flat(pairs(data, s)) == approx_flat(want)
+    # the y range fits the cells' AUCs (the oracle, far above them, is named beside the title)
+    lo, hi = page.evaluate(
+        "() => ['min', 'max'].map(k => window.dashboard.charts['study-cells'].scales.y[k])"
+    )
+    aucs = [c["val_auc"] for c in cells]
+    assert lo < min(aucs) and max(aucs) < hi
+    assert (min(aucs) - lo) / (hi - lo) < 0.2 and (hi - max(aucs)) / (hi - lo) < 0.2
+    oracle = sum(c["oracle_auc"] for c in cells) / len(cells)
+    if oracle > hi:
+        assert f"oracle AUC {oracle:.4f} (above the range)" in page.inner_text("#study-cells")
     assert page.locator("#charts .chart-card").count() == 0  # no training charts for a study
     page.wait_for_selector("#results article[data-path='results.md']")
     shot(page, "study-job")

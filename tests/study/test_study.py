@@ -301,3 +301,14 @@ def test_shipped_full_grids_sweep_enough_lrs_and_seeds(name: str) -> None:
     study = _shipped_study(name)
     assert len(study.lr_multipliers) >= 5 and min(study.lr_multipliers) < 1  # below the sqrt rule
     assert len(study.seeds) >= 3
+
+
+def test_the_auc_plot_fits_its_y_range_to_the_points() -> None:
+    """AUC 0.610..0.630 with error bars, oracle 0.83: the range hugs the points (15% of their
+    span each side), not 0.6..0.83 with the points squeezed at the bottom."""
+    from dlrm_vrgd.study.plots import _fitted
+
+    lo, hi = _fitted([0.610, 0.612], [0.626, 0.630])
+    assert (lo, hi) == pytest.approx((0.610 - 0.003, 0.630 + 0.003))
+    assert _fitted([0.7], [0.7]) == pytest.approx((0.7 - 0.0003, 0.7 + 0.0003))  # 0.002 wide
+    assert _fitted([], []) is None

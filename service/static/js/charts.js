@@ -43,9 +43,10 @@ export const fixedTicks = (digits) => (u, values) => values.map((v) => (v == nul
 
 /**
  * A line series. Options: color, dash (e.g. [6, 4]), width, points (true: always draw
- * markers, for sparse series such as evals), scale (y scale key), digits (legend value).
+ * markers, for sparse series such as evals), pointSize, pointFill (default white: hollow),
+ * scale (y scale key), digits (legend value).
  */
-export function line(label, { color: stroke = COLORS[0], dash, width = 1.75, points = false, scale = "y", digits = 4, show = true } = {}) {
+export function line(label, { color: stroke = COLORS[0], dash, width = 1.75, points = false, pointSize = 6, pointFill = "#fff", scale = "y", digits = 4, show = true } = {}) {
   return {
     label,
     stroke,
@@ -54,14 +55,40 @@ export function line(label, { color: stroke = COLORS[0], dash, width = 1.75, poi
     scale,
     show,
     spanGaps: true, // joined series have nulls where another series has an x value
-    points: points ? { show: true, size: 6, width: 1.5, fill: "#fff" } : { show: false },
+    points: points ? { show: true, size: pointSize, width: 1.5, fill: pointFill } : { show: false },
     value: (u, v) => (v == null ? "–" : v.toFixed(digits)),
   };
 }
 
 /**
+ * Legend markers drawn as a short piece of the series' line: solid, dashed or dotted as the
+ * series is (dashboard.css keeps only the top border), so a dashed series and a solid one of
+ * the same colour read apart in the legend too.
+ */
+const MARKERS = {
+  width: 3,
+  dash: (u, i) => {
+    const dash = u.series[i].dash;
+    return !dash || !dash.length ? "solid" : dash[0] <= 2 ? "dotted" : "dashed";
+  },
+  fill: () => "transparent",
+};
+
+/**
+ * y range of `key` fitted to its values with `pad` of their span on each side (a flat series
+ * gets a span of 10% of its value): for charts whose auto range would squeeze the points.
+ */
+export function fittedRange(pad = 0.15, minSpan = 1e-6) {
+  return (u, min, max) => {
+    if (min == null || max == null || !isFinite(min) || !isFinite(max)) return [0, 1];
+    const span = Math.max(max > min ? max - min : Math.abs(max) * 0.1, minSpan);
+    return [min - pad * span, max + pad * span];
+  };
+}
+
+/**
  * Create a chart inside `container` (a .chart card's plot area) and register it as `name`.
- * spec: {series: [line(...)...], height, xLabel, xTicks, axes: [{scale, label, side, ticks}],
+ * spec: {series: [line(...)...], height, xLabel, xTicks, axes: [{scale, label, side, ticks, color}],
  *        scales: {key: {range}}, legend (default true), small (compact margins)}.
  * Returns a handle: {u, set(data), destroy()}.
  */
@@ -79,6 +106,7 @@ export function createChart(name, container, spec) {
     labelFont: FONT,
     labelSize: a.label && !spec.small ? 18 : 0,
     side: a.side ?? (i === 0 ? 3 : 1),
+    ...(a.color ? { stroke: a.color } : {}),
     size: spec.small ? 34 : 52,
     values: a.ticks,
     grid: i === 0 ? AXIS.grid : { show: false },
@@ -89,7 +117,7 @@ export function createChart(name, container, spec) {
     width: Math.max(200, target.clientWidth || container.clientWidth || 400),
     height,
     padding: spec.small ? [6, 12, 0, 0] : [10, 16, 0, 4],
-    legend: { show: spec.legend ?? true, live: true },
+    legend: { show: spec.legend ?? true, live: true, markers: MARKERS },
     cursor: { drag: { x: true, y: false }, points: { size: 6 } },
     scales: { x: { time: false }, ...(spec.scales ?? {}) },
     series: [

@@ -4,10 +4,18 @@
 // validation AUC so far per optimizer against the global batch, and a table of the cells.
 // The study's own report (results.md, plots) is the answer; this is the view while it runs.
 
-import { chartCard, color, createChart, fade, fixedTicks, join, line } from "../charts.js";
+import { chartCard, color, createChart, fade, fittedRange, fixedTicks, join, line } from "../charts.js";
 import { batchSize, fill, fmt, h, isNum } from "../dom.js";
 
 const num = (v) => (isNum(v) ? v : null);
+const fit = fittedRange(0.15, 0.004);
+
+/** y range of the cells chart: the optimizers' series only (the last one is the oracle). */
+function cellsRange(u, data = u.data) {
+  const ys = data.slice(1, -1).flatMap((s) => Array.from(s).filter(isNum));
+  if (!ys.length) return [0.5, 1];
+  return fit(u, Math.min(...ys), Math.max(...ys));
+}
 
 export class StudyCells {
   constructor(container) {
@@ -60,6 +68,8 @@ export class StudyCells {
     const data = join(tables);
     data.push(data[0].map(() => oracle));
     this.chart.set(data);
+    const [lo, hi] = cellsRange(this.chart.u, data);
+    this.subtitle.textContent = !isNum(oracle) ? "" : `oracle AUC ${fmt(oracle)}${oracle > hi ? " (above the range)" : oracle < lo ? " (below the range)" : ""}`;
 
     const sorted = cells.sort((a, b) =>
       (a.global_batch - b.global_batch) || String(a.optimizer).localeCompare(String(b.optimizer)) ||
@@ -86,6 +96,7 @@ export class StudyCells {
       wide: true,
     });
     this.plot = card.plot;
+    this.subtitle = card.subtitle;
     this.tbody = h("tbody", { id: "cells-body" });
     fill(
       this.container,
@@ -105,7 +116,9 @@ export class StudyCells {
     this.chart = createChart("study-cells", this.plot, {
       height: 260,
       xLabel: "global batch",
-      scales: { x: { time: false, distr: 3, log: 2 } },
+      // y fitted to the cells' AUCs (the oracle, often far above, would squeeze them flat at
+      // the bottom); the oracle's value is beside the title when it falls outside
+      scales: { x: { time: false, distr: 3, log: 2 }, y: { range: (u) => cellsRange(u) } },
       series: [
         ...optimizers.map((opt, i) => line(opt, { color: color(i), points: true, width: 2 })),
         line("oracle AUC", { color: fade("#6b7280", 0.7), dash: [6, 4] }),

@@ -104,6 +104,10 @@ export class GsnrPanel {
     const sparse = optim.sparse || {};
     const denseGamma = isNum(dense.gamma) ? dense.gamma : 0.1;
     const sparseGamma = isNum(sparse.gamma) ? sparse.gamma : 0.1;
+    // VR-* dense optimizers and gsnr_* sparse ones measure GSNR; the base ones do not
+    const denseVr = String(dense.name ?? "").startsWith("vr");
+    const sparseVr = String(sparse.name ?? "").startsWith("gsnr");
+    const none = !denseVr && !sparseVr ? "This job's optimizers measure no GSNR. " : "";
     fill(
       container,
       h(
@@ -124,13 +128,17 @@ export class GsnrPanel {
       kind: "dense",
       title: `Dense layers — ${dense.name ?? "?"}, γ = ${denseGamma}`,
       gamma: denseGamma,
-      note: `No per-tensor GSNR yet. The dense optimizer (${dense.name ?? "?"}) reports it only if it is a VR-* optimizer (vrsgd, vradam, vrlars, vrlamb).`,
+      note: denseVr
+        ? "No per-tensor GSNR yet."
+        : `${none}The dense optimizer (${dense.name ?? "?"}) is not a VR-* optimizer (vrsgd, vradam, vrlars, vrlamb): it measures no GSNR.`,
     });
     this.tables = new Multiples(container, {
       kind: "table",
-      title: `Embedding tables — ${sparse.name ?? "?"}, γ = ${sparseGamma}`,
+      title: sparseVr
+        ? `Embedding tables — ${sparse.name ?? "?"}, γ = ${sparseGamma}`
+        : `Embedding tables — ${sparse.name ?? "?"} measures no GSNR (gsnr_${sparse.name ?? "…"} does): only the share of rows seen by ≥ 2 micro-batches`,
       gamma: sparseGamma,
-      note: "No per-table records yet.",
+      note: sparseVr ? "No per-table records yet." : `${none}No per-table records yet.`,
     });
   }
 

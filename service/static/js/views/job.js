@@ -157,7 +157,7 @@ export async function jobView(main, jobId) {
       tile("Best val AUC", fmt(best), isNum(p.best_val_step) ? `at step ${int(p.best_val_step)}` : "no eval yet", "best-auc"),
       tile("Oracle AUC", fmt(oracle), isNum(best) && isNum(oracle) ? `gap ${fmt(oracle - best)}` : "the ceiling", "oracle-auc"),
       tile("Test AUC", fmt(p.test_auc), isNum(p.test_oracle_auc) ? `oracle ${fmt(p.test_oracle_auc)}` : ACTIVE.has(job.state) ? "at the end" : "not evaluated", "test-auc"),
-      tile("Rows/s", compact(p.rows_per_s), isNum(p.samples) ? `${compact(p.samples)} rows seen` : "", "rows-per-s"),
+      tile("Rows/s (last step)", compact(p.rows_per_s), isNum(p.samples) ? `${compact(p.samples)} rows seen` : "", "rows-per-s"),
       tile("GSNR dense", fmt(p.gsnr_ratio, 3), isNum(p.gsnr_frac_clipped) ? `${pct(p.gsnr_frac_clipped)} clipped` : "mean ratio", "gsnr-dense"),
       tile("GSNR tables", fmt(p.table_gsnr_ratio, 3), isNum(p.table_frac_clipped) ? `${pct(p.table_frac_clipped)} clipped` : "mean ratio", "gsnr-tables"),
     );

@@ -117,7 +117,7 @@ export function jobsView(main) {
             h("th", { class: "num", title: "Best validation AUC so far" }, "Best AUC"),
             h("th", { class: "num", title: "AUC of the true click probabilities on the same rows: the best any model can reach" }, "Oracle AUC"),
             h("th", { class: "num", title: "Oracle AUC minus best AUC" }, "Gap"),
-            h("th", { class: "num" }, "Rows/s"),
+            h("th", { class: "num", title: "Training throughput of the job's last step (the run's average is in its final metrics)", dataset: { col: "rows-per-s" } }, "Rows/s (last step)"),
             h("th", {}, "Created"),
             h("th", { class: "num" }, "Run time"),
           ),

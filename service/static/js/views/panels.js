@@ -178,7 +178,8 @@ export function resultTab(jobId) {
       if (isNum(result.steps)) facts.push(["steps", result.steps.toLocaleString("en-US")]);
       if (isNum(result.samples)) facts.push(["rows", result.samples.toLocaleString("en-US")]);
       const timings = result.timings || {};
-      if (isNum(timings.rows_per_s)) facts.push(["rows/s", Math.round(timings.rows_per_s).toLocaleString("en-US")]);
+      // the run's average over its training steps (the list and the tile show the last step's)
+      if (isNum(timings.rows_per_s)) facts.push(["rows/s (run average)", Math.round(timings.rows_per_s).toLocaleString("en-US")]);
       if (isNum(timings.train_seconds)) facts.push(["train time", `${timings.train_seconds.toFixed(1)} s`]);
       if (result.best_val && isNum(result.best_val.auc)) facts.push(["best val AUC", `${fmt(result.best_val.auc)} at step ${result.best_val.step}`]);
       const opt = result.optimizers || {};

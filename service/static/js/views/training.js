@@ -10,8 +10,30 @@ const last = (xs) => {
   return null;
 };
 
-/** Learning-rate ticks: 0.005, 0.01, 1.5e-4 (no padded zeros). */
-const lrTicks = (u, values) => values.map((v) => (v == null ? "" : v === 0 ? "0" : Math.abs(v) < 1e-3 ? v.toExponential(1) : String(+v.toPrecision(2))));
+/**
+ * Learning-rate ticks: 0.005, 0.01, 1.5e-4 (no padded zeros; none below 0), with as many
+ * significant digits as it takes for neighbouring ticks not to read the same.
+ */
+const lrTicks = (u, values) => {
+  const label = (v, p) => (v == null || v < 0 ? "" : v === 0 ? "0" : Math.abs(v) < 1e-3 ? v.toExponential(p - 1) : String(+v.toPrecision(p)));
+  const shown = values.filter((v) => v != null && v >= 0);
+  let p = 2;
+  while (p < 6 && new Set(shown.map((v) => label(v, p))).size < shown.length) p += 1;
+  return values.map((v) => label(v, p));
+};
+
+/**
+ * The LR chart's two y scales: the dense LR is drawn in the upper half of the plot, the sparse
+ * LR in the lower half, each on its own axis. Two constant LRs (the default schedule) would
+ * otherwise both sit mid-height on their auto-ranged axes, one hiding the other.
+ */
+export function lrRange(upper) {
+  return (u, min, max) => {
+    if (min == null || max == null || !isFinite(min) || !isFinite(max)) return [0, 1];
+    const span = max > min ? max - min : Math.abs(max) * 0.1 || 1e-6;
+    return upper ? [min - 1.2 * span, max + 0.2 * span] : [min - 0.2 * span, max + 1.2 * span];
+  };
+}
 
 export class TrainingCharts {
   /** Build the cards into `grid` (a .chart-grid element); `config` is the job's config. */
@@ -24,7 +46,7 @@ export class TrainingCharts {
     const loss = chartCard("Loss", { help: "Training loss per step; validation logloss at each eval." });
     const auc = chartCard("AUC vs rows seen", { help: "Model AUC beside the oracle AUC (the true click probabilities' AUC on the same rows: the ceiling)." });
     const gsnr = chartCard("GSNR ratio and fraction clipped", { help: "Mean normalized GSNR ratio r ∈ [γ, 1] and share of elements/rows clipped at γ." });
-    const lr = chartCard("Learning rate", { help: "Dense (left axis) and sparse (right axis) learning rates." });
+    const lr = chartCard("Learning rate", { help: "Dense LR: left axis, upper half. Sparse LR: right axis, lower half (two scales, offset so that neither line hides the other)." });
     grid.append(auc.card, loss.card, gsnr.card, lr.card);
     this.subtitles = { loss: loss.subtitle, auc: auc.subtitle, gsnr: gsnr.subtitle, lr: lr.subtitle };
 
@@ -41,8 +63,9 @@ export class TrainingCharts {
       series: [
         line("val AUC", { color: color(0), points: true, width: 2 }),
         line("val oracle AUC", { color: fade(color(0), 0.6), dash: [6, 4] }),
-        line("test AUC", { color: color(3), points: true, width: 2 }),
-        line("test oracle AUC", { color: fade(color(3), 0.6), dash: [6, 4], points: true }),
+        // the end-of-run figure: one point per job, so drawn large and filled
+        line("test AUC", { color: color(3), points: true, width: 2, pointSize: 11, pointFill: color(3) }),
+        line("test oracle AUC", { color: fade(color(3), 0.6), dash: [6, 4], points: true, pointSize: 9 }),
       ],
       axes: [{ label: "AUC", ticks: fixedTicks(3) }],
       emptyText: "No evaluation yet (run.eval_every sets how often the job evaluates).",
@@ -63,14 +86,14 @@ export class TrainingCharts {
     });
     this.lr = createChart("lr", lr.plot, {
       xLabel: "step",
-      scales: { lr_sparse: { auto: true } },
+      scales: { y: { range: lrRange(true) }, lr_sparse: { auto: true, range: lrRange(false) } },
       series: [
-        line("dense LR", { color: color(4), digits: 6 }),
-        line("sparse LR", { color: color(5), scale: "lr_sparse", digits: 6 }),
+        line("dense LR", { color: color(4), digits: 6, width: 2 }),
+        line("sparse LR", { color: color(5), scale: "lr_sparse", digits: 6, width: 2, dash: [6, 3] }),
       ],
       axes: [
-        { label: "dense", ticks: lrTicks },
-        { scale: "lr_sparse", label: "sparse", side: 1, ticks: lrTicks },
+        { label: "dense LR (upper)", ticks: lrTicks, color: color(4) },
+        { scale: "lr_sparse", label: "sparse LR (lower)", side: 1, ticks: lrTicks, color: color(5) },
       ],
     });
   }
