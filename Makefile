@@ -23,7 +23,7 @@ demo: setup
 	$(BIN)/dlrm-vrgd demo
 
 test: setup
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q --durations=15
 
 test-slow: setup
 	$(BIN)/python -m pytest -m slow -q
