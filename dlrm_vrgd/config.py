@@ -2,7 +2,7 @@
 
 Every default lives here. Unknown keys are errors (``extra="forbid"``), and every error names
 the dotted path of the offending field, e.g. ``optim.dense.lr: Input should be greater than 0``.
-Numbers are strict: every float is finite (no NaN, no Infinity), a bool is not a number, and
+Numbers are checked: every float is finite (no NaN, no Infinity), a bool is not a number, and
 every size (rows, tables, widths, batches, steps) has an upper bound stated in the JSON schema.
 Whether a valid config fits the machine is a separate check (:mod:`dlrm_vrgd.resources`).
 
@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -48,7 +49,7 @@ class _Section(BaseModel):
 
 #: Upper bounds of sizes (generous: the checks that matter are the resource estimate's).
 MAX_ROWS = 1 << 40  # rows of a split (Criteo 1TB has 4.4e9)
-MAX_TABLE_ROWS = 1 << 34  # rows of one embedding table
+MAX_TABLE_ROWS = 2**31 - 1  # rows of one embedding table (as data.criteo allows)
 MAX_TABLES = 1024
 MAX_FEATURES = 1024  # dense features
 MAX_EMBEDDING_DIM = 4096
@@ -64,21 +65,30 @@ MAX_DAYS = 10_000
 MAX_PATH_CHARS = 4095
 MAX_NAME_BYTES = 255
 
-# Strict numbers: no bool for an int or a float, no float for an int, finite floats only.
-StrictInt = Annotated[int, Field(strict=True)]
-PositiveInt = Annotated[int, Field(strict=True, gt=0)]
-FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-Fraction = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0.0, lt=1.0)]
+
+def _not_bool(value: Any) -> Any:
+    # JSON true / YAML yes would otherwise become 1 (or 1.0): a bool is not a number.
+    if isinstance(value, bool):
+        raise PydanticCustomError("number_type", "Input should be a number, not a boolean")
+    return value
+
+
+NoBool = BeforeValidator(_not_bool)
+# Numbers: no bool for an int or a float, no fraction for an int, finite floats only. Text
+# that spells a number is accepted (PyYAML reads ``1e-3``, without a dot, as a string).
+PositiveInt = Annotated[int, NoBool, Field(gt=0)]
+FiniteFloat = Annotated[float, NoBool, Field(allow_inf_nan=False)]
+Fraction = Annotated[float, NoBool, Field(allow_inf_nan=False, ge=0.0, lt=1.0)]
 
 
 def Count(low: int = 1, high: int = MAX_ROWS) -> Any:  # noqa: N802 (a type, read as one)
-    """A strict int in ``[low, high]``."""
-    return Annotated[int, Field(strict=True, ge=low, le=high)]
+    """An int (not a bool) in ``[low, high]``."""
+    return Annotated[int, NoBool, Field(ge=low, le=high)]
 
 
 def Real(**bounds: float) -> Any:  # noqa: N802
-    """A strict, finite float with the given ``gt``/``ge``/``lt``/``le`` bounds."""
-    return Annotated[float, Field(strict=True, allow_inf_nan=False, **bounds)]
+    """A finite float (not a bool) with the given ``gt``/``ge``/``lt``/``le`` bounds."""
+    return Annotated[float, NoBool, Field(allow_inf_nan=False, **bounds)]
 
 
 Seed = Count(0, MAX_SEED)

@@ -12,6 +12,7 @@ batch once. Only one micro-batch is alive at a time, so memory is set by ``B``, 
 from __future__ import annotations
 
 import logging
+import math
 import platform
 import time
 from dataclasses import dataclass
@@ -59,6 +60,10 @@ RESUMABLE_CHANGES = {
     "run.threads",
     "run.malloc_mmap_threshold_kb",
 }
+
+
+class NonFiniteError(RuntimeError):
+    """Training met a NaN or an infinity (in the loss or the weights) and stopped there."""
 
 
 class Callback:
@@ -175,15 +180,22 @@ class Trainer:
             self.dense_opt.collect()
             self.sparse_opt.collect()
             losses.append(loss.detach())
+        loss = all_mean(float(torch.stack(losses).mean()), self.env)
+        if not math.isfinite(loss):  # every rank sees the same mean: all stop together
+            raise NonFiniteError(
+                f"step {step + 1}: the loss is {loss} (not finite); stopped before updating "
+                "the weights (a learning rate or data.signal_scale too large?)"
+            )
         self.dense_opt.step()
         self.sparse_opt.step()
+        self.check_finite(step + 1, tables=False)
         seconds = time.perf_counter() - t0
         self.step += 1
         record = {
             "step": self.step,
             "samples": self.step * self.cfg.run.global_batch,
             "epoch": round(self.stream.epoch(self.step), 6),
-            "loss": all_mean(float(torch.stack(losses).mean()), self.env),
+            "loss": loss,
             "lr_dense": lr_dense,
             "lr_sparse": lr_sparse,
             "step_seconds": seconds,
@@ -191,6 +203,26 @@ class Trainer:
         }
         record.update(compact_gsnr(self.dense_opt.gsnr_summary()))
         return record
+
+    def check_finite(self, step: int, tables: bool = True) -> None:
+        """Raise :class:`NonFiniteError` naming ``step`` when a dense parameter (replicated:
+        every rank agrees) or, with ``tables``, a weight of this rank's tables (agreed on by an
+        all-reduce: a collective when distributed) is NaN or infinite."""
+        with torch.no_grad():
+            for name, p in self.model.named_dense_parameters():
+                if not bool(torch.isfinite(p).all()):
+                    raise NonFiniteError(f"step {step}: dense parameter {name} is not finite")
+            if not tables:
+                return
+            bad = [
+                name
+                for lk in self.lookups
+                for name, w in zip(lk.table_names, lk.table_weights(), strict=True)
+                if not bool(torch.isfinite(w).all())
+            ]
+        if all_mean(float(bool(bad)), self.env) > 0:
+            where = f"table(s) {', '.join(bad)}" if bad else "a table of another rank"
+            raise NonFiniteError(f"step {step}: {where} not finite")
 
     def gsnr_record(self) -> dict[str, Any]:
         """Per-tensor (dense) and per-table (sparse, from every rank) GSNR figures of the last
@@ -264,7 +296,9 @@ class Trainer:
         self.best_val = state.get("best_val")
 
     def save_checkpoint(self, out_dir: Path) -> None:
-        """Every rank writes its state; rank 0 seals the checkpoint once all have."""
+        """Every rank writes its state; rank 0 seals the checkpoint once all have. Weights that
+        are not finite are never saved (:class:`NonFiniteError`; older checkpoints stay)."""
+        self.check_finite(self.step)
         ckpt.write_rank_state(out_dir, self.step, self.env.rank, self.state_dict())
         barrier(self.env)
         if self.env.is_main:
@@ -417,6 +451,7 @@ def train(
             if out and run.checkpoint_every and trainer.step % run.checkpoint_every == 0:
                 trainer.save_checkpoint(out)
 
+        trainer.check_finite(trainer.step)  # no result from non-finite weights
         t0 = time.perf_counter()
         val = _eval_record(trainer, "val", None)
         test = _eval_record(trainer, "test", None)
