@@ -349,13 +349,22 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def check_resume(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
-    """The checkpoint to resume from (None: start afresh), or a clear error before any work."""
+def check_resume(
+    out: Path, cfg: TrainConfig, resume: bool, skipped: list[tuple[Path, str]] | None = None
+) -> Path | None:
+    """The checkpoint to resume from (None: start afresh), or a clear error before any work.
+
+    That is the newest checkpoint that verifies; newer, damaged ones are logged and appended to
+    ``skipped`` (path, reason)."""
     if not resume:
         if (out / rundir.CONFIG).exists():
             raise FileExistsError(f"{out} already holds a run: pass --resume or another --out")
         return None
-    latest = ckpt.latest_checkpoint(out)
+    latest, damaged = ckpt.newest_verified(out)
+    for path, reason in damaged:
+        logger.warning("skipping damaged checkpoint %s: %s", path.name, reason)
+    if skipped is not None:
+        skipped += damaged
     if latest is None:
         return None
     manifest = ckpt.read_manifest(latest)
@@ -389,7 +398,8 @@ def train(
     """
     env = env or DistEnv()
     out = Path(out_dir) if out_dir is not None else None
-    latest = check_resume(out, cfg, resume) if out is not None else None
+    skipped: list[tuple[Path, str]] = []
+    latest = check_resume(out, cfg, resume, skipped) if out is not None else None
     trainer = Trainer(cfg, env=env)  # everything that can fail on bad input fails before writes
     main = env.is_main
     if latest is not None:
@@ -420,6 +430,15 @@ def train(
     }
     if metrics:
         metrics.write({"kind": "start", "step": trainer.step, **info})
+        if skipped:  # say in the run's record why it went back further than its newest
+            metrics.write(
+                {
+                    "kind": "checkpoint_fallback",
+                    "step": trainer.step,
+                    "resumed_from": latest.name if latest is not None else None,
+                    "skipped": [{"checkpoint": p.name, "reason": r} for p, r in skipped],
+                }
+            )
     for cb in callbacks:
         cb.on_start(info)
 
