@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     #: Let a later queued job start while an earlier one waits for GPUs (backfill); off keeps
     #: strict FIFO order: a job waiting for GPUs holds back the jobs behind it.
     gpu_backfill: bool = False
+    #: Memory a job may use on one node, in bytes; jobs whose estimate (dlrm_vrgd.resources)
+    #: exceeds it are refused with 422. Default: this host's memory (or its cgroup limit).
+    job_memory_bytes: Annotated[int, Field(gt=0)] | None = None
     #: Where job directories live (default ``DATA_DIR/jobs``). A multi-node job needs them on
     #: storage that every node mounts at the same path; the SQLite store stays in DATA_DIR.
     jobs_root: Path | None = None
