@@ -76,19 +76,19 @@ def _not_bool(value: Any) -> Any:
 NoBool = BeforeValidator(_not_bool)
 # Numbers: no bool for an int or a float, no fraction for an int, finite floats only. Text
 # that spells a number is accepted (PyYAML reads ``1e-3``, without a dot, as a string).
-PositiveInt = Annotated[int, NoBool, Field(gt=0)]
-FiniteFloat = Annotated[float, NoBool, Field(allow_inf_nan=False)]
-Fraction = Annotated[float, NoBool, Field(allow_inf_nan=False, ge=0.0, lt=1.0)]
+PositiveInt = Annotated[int, Field(gt=0), NoBool]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False), NoBool]
+Fraction = Annotated[float, Field(allow_inf_nan=False, ge=0.0, lt=1.0), NoBool]
 
 
 def Count(low: int = 1, high: int = MAX_ROWS) -> Any:  # noqa: N802 (a type, read as one)
     """An int (not a bool) in ``[low, high]``."""
-    return Annotated[int, NoBool, Field(ge=low, le=high)]
+    return Annotated[int, Field(ge=low, le=high), NoBool]
 
 
 def Real(**bounds: float) -> Any:  # noqa: N802
     """A finite float (not a bool) with the given ``gt``/``ge``/``lt``/``le`` bounds."""
-    return Annotated[float, NoBool, Field(allow_inf_nan=False, **bounds)]
+    return Annotated[float, Field(allow_inf_nan=False, **bounds), NoBool]
 
 
 Seed = Count(0, MAX_SEED)
