@@ -50,8 +50,9 @@ class ResourceError(ConfigError):
     """A job that cannot fit the memory of its host; ``fields`` are the config fields that
     drive the estimate."""
 
-    def __init__(self, message: str, fields: list[str]) -> None:
-        super().__init__(message)
+    def __init__(self, reason: str, fields: list[str]) -> None:
+        super().__init__(f"{', '.join(fields)}: {reason}")
+        self.reason = reason
         self.fields = fields
 
 
@@ -232,9 +233,9 @@ def check_fits(
     if est.total > limit:
         fields = est.fields()
         raise ResourceError(
-            f"{', '.join(fields)}: the job needs about {gib(est.total)} of memory per node "
-            f"({est.describe()}), more than the {gib(limit)} of {where}; make the driving "
-            "fields smaller (or shard over more nodes)",
+            f"the job needs about {gib(est.total)} of memory per node ({est.describe()}), "
+            f"more than the {gib(limit)} of {where}; make these fields smaller (or shard over "
+            "more nodes)",
             fields,
         )
     logger.info("memory estimate %s per node (limit %s)", gib(est.total), gib(limit))
@@ -252,7 +253,7 @@ def check_study_fits(study: StudyConfig, memory_bytes: int | None = None) -> Non
             except ResourceError as err:
                 fields = [_study_field(f) for f in err.fields]
                 raise ResourceError(
-                    f"study cell G={g} {opt.name}: {err}", list(dict.fromkeys(fields))
+                    f"study cell G={g} {opt.name}: {err.reason}", list(dict.fromkeys(fields))
                 ) from None
 
 
