@@ -495,6 +495,12 @@ def _write_result(
                 "dense": cfg.optim.dense.name,
                 "sparse": sparse.name,
                 "sparse_gsnr_estimator": sparse.estimator if sparse.gsnr else None,
+                "sparse_gsnr_placement": sparse.gsnr_placement if sparse.gsnr else None,
+                "dense_gsnr_placement": (
+                    cfg.optim.dense.gsnr_placement
+                    if cfg.optim.dense.name in ("vradam", "vrlamb")
+                    else None
+                ),
             },
             "config": cfg.to_dict(),
             "versions": _versions(),
