@@ -18,6 +18,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
 from service.jobs.files import JobFiles
 from service.jobs.kinds import train_command
@@ -291,3 +292,27 @@ def test_docker_compose_resolves_the_files(tmp_path: Path) -> None:
             [*compose, *args, "config", "--quiet"], capture_output=True, text=True, env=env
         )
         assert proc.returncode == 0, proc.stderr
+
+
+def _any_compose() -> list[str] | None:
+    """``docker compose`` (v2), else Debian's ``docker-compose`` (1.29)."""
+    return _docker_compose() or ([v1] if (v1 := shutil.which("docker-compose")) else None)
+
+
+@pytest.mark.skipif(_any_compose() is None, reason="neither docker compose nor docker-compose")
+def test_docker_compose_resolves_the_cpu_file(tmp_path: Path) -> None:
+    """The CPU file as Compose itself reads it (1.29 here: no top-level name, no !reset)."""
+    compose = _any_compose()
+    assert compose is not None
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **CPU_ENV}
+    args = [*compose, "-p", "dlrm-vrgd", "-f", str(CPU_COMPOSE), "config"]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    resolved = yaml.safe_load(proc.stdout)
+    control = resolved["services"]["control"]
+    assert control["network_mode"] == "host" and "deploy" not in control
+    assert resolved["secrets"]["dlrm_vrgd_token"]["file"] == CPU_ENV["DLRM_VRGD_TOKEN_FILE"]
+    missing = subprocess.run(
+        args, capture_output=True, text=True, env={**env, "DLRM_VRGD_TOKEN_FILE": ""}, timeout=60
+    )
+    assert missing.returncode != 0 and "DLRM_VRGD_TOKEN_FILE" in missing.stderr
