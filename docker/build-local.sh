@@ -68,7 +68,7 @@ pinned="$(sed -n 's/^ARG PYTHON_IMAGE=//p' "$ROOT/docker/Dockerfile.cpu")"
 debian_mirror() {
   # The first Debian archive of this host's apt sources that serves bookworm/main
   # (one-line .list entries and deb822 .sources stanzas).
-  python3 - "$@" <<'PY'
+  python3 - <<'PY'
 import glob, re, sys
 found = []
 for path in ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*.list"))]:
@@ -99,8 +99,9 @@ print(found[0])
 PY
 }
 
+rootfs=""
 make_base() {
-  local packages mirror rootfs
+  local packages mirror
   packages="$BASE_PACKAGES"
   if [ "${DLRM_VRGD_REBUILD_BASE:-0}" != 1 ] &&
      [ "$("$DOCKER_CLI" image inspect -f '{{index .Config.Labels "org.dlrm-vrgd.packages"}}' "$BASE_TAG" 2>/dev/null)" = "$packages" ]; then
@@ -111,7 +112,7 @@ make_base() {
   [ "$(id -u)" = 0 ] || die "debootstrap needs root"
   mirror="${DEBIAN_MIRROR:-$(debian_mirror)}"
   rootfs="$(mktemp -d /tmp/dlrm-vrgd-rootfs.XXXXXX)"
-  trap 'rm -rf "$rootfs"' EXIT
+  trap '[ -z "$rootfs" ] || rm -rf "$rootfs"' EXIT
   log "base: debootstrap bookworm (minbase + $packages) from the host's Debian mirror"
   debootstrap --variant=minbase --include="$packages" bookworm "$rootfs" "$mirror" >&2 ||
     { tail -n 30 "$rootfs/debootstrap/debootstrap.log" >&2 || true; die "debootstrap failed"; }
@@ -166,7 +167,7 @@ for link in $(pip_setting PIP_FIND_LINKS find-links); do
   if [ -d "$link" ] && compgen -G "$link/*.whl" >/dev/null; then wheels="$link"; break; fi
 done
 if [ -n "$wheels" ]; then
-  log "wheels: $wheels -> $WHEELS_TAG ($(ls "$wheels"/*.whl | wc -l) wheel(s))"
+  log "wheels: $wheels -> $WHEELS_TAG ($(find "$wheels" -maxdepth 1 -name "*.whl" | wc -l) wheel(s))"
   printf 'FROM scratch\nCOPY *.whl /\n' |
     "${BUILD[@]}" --quiet --label "$LABEL" -t "$WHEELS_TAG" -f - "$wheels" >/dev/null
   args+=(--build-arg "WHEELS_IMAGE=$WHEELS_TAG")
