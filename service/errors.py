@@ -48,3 +48,9 @@ class InvalidInput(ServiceError):
         self.field = field
         self.loc = loc or tuple(field.split("."))
         self.detail = message
+
+
+class Unavailable(ServiceError):
+    """What runs jobs cannot take one now (Slurm's controller unreachable): 503, naming why."""
+
+    status_code = 503
