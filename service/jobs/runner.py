@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,8 +88,6 @@ REASON_LOG_LINES = 20
 #: (job, its files) -> argv; the default runs the job kind's command.
 CommandFn = Callable[[Job, JobFiles], list[str]]
 __all__ = ["JOB_ENV", "KILL_WAIT_S", "ActiveJob", "Runner"]
-#: A log line that states an error (``RuntimeError: ...``, ``torch.x.YError: ...``).
-_ERROR_LINE = re.compile(r"^\s*([\w.]+(Error|Exception|Interrupt)|error):\s")
 
 
 @dataclass
@@ -299,7 +296,7 @@ class Runner:
             active.killed = True
 
     async def _start_queued(self) -> None:
-        while self._may_start_another():
+        while await self._may_start_another():
             picked, noted, failed = await asyncio.to_thread(self._pick_queued)
             for job_id in noted + failed:
                 self.notifier.notify(job_id)
@@ -326,11 +323,11 @@ class Runner:
                 self._pending_cancel.discard(job.id)
                 await self._begin_stop(active, "cancel")
 
-    def _may_start_another(self) -> bool:
+    async def _may_start_another(self) -> bool:
         if self.settings.max_concurrent_jobs == 0:
             return False  # every job held in the queue
-        if self.backend.queues_jobs:
-            return self.backend.available() is None
+        if self.backend.queues_jobs:  # no limit here; the scheduler must answer (not on the loop)
+            return await asyncio.to_thread(self.backend.available) is None
         return len(self._active) + len(self._launching) < self.settings.max_concurrent_jobs
 
     async def _begin_stop(self, active: ActiveJob, reason: str) -> None:
@@ -638,11 +635,7 @@ class Runner:
                 message += f" ({time_limit_minutes(active.timeout_s)} min)"
             if code:
                 message += f", {process.describe_exit(code)}"
-            lines = list(self.backend.log_iter(active.handle, files, 400))
-            details = [ln for ln in lines if ln.startswith("srun: error:")][-4:]
-            errors = [ln for ln in lines if _ERROR_LINE.match(ln)]
-            if errors and errors[-1] not in details:
-                details.append(errors[-1])
+            details = self.backend.explain(active.handle, files)
             if details:
                 message += "; " + "; ".join(details)
             fields["error"] = self._reason(message, active)

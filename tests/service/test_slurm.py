@@ -154,7 +154,8 @@ def test_cancel_while_pending_and_while_running_ends_it_in_slurm(
         "long-2-nodes", long_job() | {"run": {**long_job()["run"], "nnodes": 2}}
     )
     pending = client.submit("waits", tiny_job())
-    wait_for(lambda: running_step(client, running["id"]), timeout=120)
+    # running: srun's tasks (a torchrun and its rank on each node) are up
+    wait_for(lambda: len(marked_processes(running["id"])) >= 4, timeout=120)
     job = wait_for(lambda: (j := client.job(pending["id"]))["slurm_job_id"] and j)
     assert job["state"] == "queued"
     assert slurm.squeue_state(job["slurm_job_id"]) == "PENDING"
@@ -165,7 +166,7 @@ def test_cancel_while_pending_and_while_running_ends_it_in_slurm(
     assert cancelled["started_at"] is None
 
     slurm_id = client.job(running["id"])["slurm_job_id"]
-    assert len(marked_processes(running["id"])) >= 4  # srun's tasks: a torchrun + rank per node
+    assert client.job(running["id"])["state"] == "running"
     cancelled = client.cancel(running["id"])
     assert cancelled["state"] == "cancelled", cancelled["error"]
     assert slurm.squeue_state(slurm_id) == "CANCELLED"
@@ -184,7 +185,7 @@ def test_a_sigkilled_service_follows_its_slurm_job_again_after_a_restart(
 ) -> None:
     svc = start_service(**slurm_env)
     client = client_of(svc)
-    steps = 30
+    steps = 16
     job = client.submit("survives", tiny_job(nnodes=2, steps=steps, micro_batch=32, threads=1))
     wait_for(lambda: running_step(client, job["id"], 2), timeout=120)
     slurm_id = client.job(job["id"])["slurm_job_id"]
@@ -300,7 +301,7 @@ def test_slurm_unreachable_refuses_to_start_and_answers_503_on_submit(
     dead.write_text(text.replace(port, f"SlurmctldPort={free_port()}"))
     monkeypatch.setenv("SLURM_CONF", str(dead))
     with pytest.raises(LaunchError) as err:
-        start_service(tmp_path / "refused", **slurm_env)
+        start_service(tmp_path / "refused", **slurm_env, DLRM_VRGD_SLURM_COMMAND_TIMEOUT_S="3")
     assert "the Slurm controller is unreachable" in str(err.value)
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
 
@@ -316,13 +317,19 @@ def test_slurm_unreachable_refuses_to_start_and_answers_503_on_submit(
         assert client.jobs()["count"] == 0  # nothing stored
     finally:
         slurm.resume_controller()
-    wait_for(lambda: _submits(client), timeout=30, every=0.5)
+    job = wait_for(lambda: _submits(client), timeout=30, every=0.5)  # Slurm is back
+    assert wait_for(lambda: client.job(job["id"])["slurm_job_id"], timeout=30)
+
+    too_big = client.submit("four-nodes", tiny_job(nnodes=4))  # the cluster has two
+    refused_job = client.wait(too_big["id"], timeout=30)
+    assert refused_job["state"] == "failed" and refused_job["slurm_job_id"] is None
+    assert refused_job["error"].startswith("sbatch refused the job: sbatch: error: Batch job")
+    assert "Requested node configuration is not available" in refused_job["error"]
 
 
-def _submits(client: ServiceClient) -> bool:
+def _submits(client: ServiceClient) -> dict[str, Any] | None:
     try:
-        job = client.submit("accepted", tiny_job())
+        return client.submit("accepted", tiny_job())
     except ApiError as err:
         assert err.status_code == 503
-        return False
-    return client.wait(job["id"], timeout=120)["state"] == "succeeded"
+        return None

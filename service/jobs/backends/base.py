@@ -114,6 +114,10 @@ class Backend(abc.ABC):
         """The last ``lines`` lines of the job's log (stdout and stderr of every process)."""
         yield from tail_lines(files.log, lines)
 
+    def explain(self, handle: Handle, files: JobFiles) -> list[str]:
+        """Lines that say why a failed job failed (which node, which error), for its reason."""
+        return []
+
     @abc.abstractmethod
     def cancel(self, handle: Handle) -> None:
         """Begin to end the job (SIGTERM, scancel); the job is over once ``describe`` says

@@ -102,6 +102,12 @@ _UNREACHABLE = re.compile(
 )
 _EXIT = re.compile(r"\bExitCode=(\d+):(\d+)")
 _NODE_ADDR = r"s/^ *NodeAddr=\([^ ]*\).*/\1/p"
+#: ``srun: error: n2: task 1: Exited with exit code 1``
+_SRUN_ERROR = re.compile(r"^srun: error: (\S+): tasks? (\d+)[-\d,]*: (.*)$")
+#: A line of task N under ``srun --label``: ``1: RuntimeError: ...``.
+_LABELLED = re.compile(r"^\s*(\d+): (.*)$")
+#: A line that states an error (``RuntimeError: ...``, ``torch.x.YError: ...``).
+_ERROR_LINE = re.compile(r"^\s*([\w.]+(Error|Exception)|error):\s")
 
 
 @dataclass
@@ -151,6 +157,8 @@ class SlurmBackend(Backend):
         self._available_at = -math.inf
         self._available: str | None = None
         self._jobcomp: Path | None | bool = False  # False: not looked up yet
+        self._named: dict[str, str] = {}
+        self._named_at = -math.inf
 
     # ----------------------------------------------------------------------- commands
     def _run(
@@ -271,7 +279,8 @@ class SlurmBackend(Backend):
                 f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{threads or default_threads}}}",
                 f'echo "dlrm-vrgd: Slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, '
                 f'rendezvous at $head_addr:{port}"',
-                "exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
+                # --label: each line says which task (node) wrote it, see explain()
+                "exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 --label "
                 + " ".join(torchrun)
                 + " "
                 + shlex.join(request.cmd[1:]),
@@ -436,6 +445,32 @@ class SlurmBackend(Backend):
                     found = (state.group(1), parse_exit_code(line))
         return found
 
+    def explain(self, handle: Handle, files: JobFiles) -> list[str]:
+        """srun's line on the first task that failed (``srun: error: n2: task 1: Exited with
+        exit code 1``) and the last error that task printed (its lines carry ``1:``)."""
+        lines = list(self.log_iter(handle, files, 2000))
+        failures = [ln for ln in lines if _SRUN_ERROR.match(ln)]
+        if not failures:
+            return []
+        m = _SRUN_ERROR.match(failures[0])
+        assert m is not None
+        node, task = m.group(1), m.group(2)
+        said = [
+            t.group(2)
+            for ln in lines
+            if (t := _LABELLED.match(ln)) is not None and t.group(1) == task
+        ]
+        # torchrun's own wrappers (ChildFailedError, SignalException) name no cause
+        errors = [
+            ln
+            for ln in said or lines
+            if _ERROR_LINE.match(ln) and "torch.distributed.elastic" not in ln
+        ]
+        out = [failures[0]]
+        if errors:
+            out.append(f"{node}: {errors[-1].strip()}" if said else errors[-1].strip())
+        return out
+
     # ------------------------------------------------------------------- cancel, list
     def cancel(self, handle: Handle) -> None:
         logger.info("job %s: scancel %s", handle.job_id, handle.app_id)
@@ -465,8 +500,11 @@ class SlurmBackend(Backend):
         self._snapshot_at = -math.inf
         return SlurmHandle(job_id=job.id, app_id=app_id)
 
-    def list_named(self) -> dict[str, str]:
-        """service job id -> Slurm job id of the jobs Slurm still holds under our names."""
+    def list_named(self, max_age_s: float = 5.0) -> dict[str, str]:
+        """service job id -> Slurm job id of the jobs Slurm still holds under our names (one
+        ``squeue`` at most every ``max_age_s``)."""
+        if time.monotonic() - self._named_at < max_age_s:
+            return dict(self._named)
         try:
             out = self._run(["squeue", "-h", "-t", "all", "-o", "%i|%j"])
         except BackendUnavailable:
@@ -476,7 +514,8 @@ class SlurmBackend(Backend):
             app_id, _, name = line.partition("|")
             if name.startswith(NAME_PREFIX):
                 found[name[len(NAME_PREFIX) :]] = app_id.strip()
-        return found
+        self._named, self._named_at = found, time.monotonic()
+        return dict(found)
 
     def list(self) -> Sequence[str]:
         return sorted(self.list_named().values(), key=int)
