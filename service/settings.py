@@ -51,6 +51,7 @@ class Settings(BaseSettings):
     #: Bearer token; when unset, one is generated, saved to ``DATA_DIR/token`` and printed.
     token: SecretStr | None = None
     #: Jobs running at once; the rest wait in FIFO order. 0 holds every job in the queue.
+    #: With the Slurm backend Slurm queues: any other value hands every job over at once.
     max_concurrent_jobs: Annotated[int, Field(ge=0)] = 1
     #: Default wall-clock limit of a job (a job's own ``timeout_s`` wins); None = no limit.
     job_timeout_s: Annotated[float, Field(gt=0)] | None = None

@@ -24,6 +24,7 @@ from service.launcher import LaunchError, LocalService, free_port
 
 from ..slurm_cluster import SlurmCluster
 from .conftest import long_job, tiny_job, wait_for
+from .test_study_jobs import small_study
 
 pytestmark = pytest.mark.slurm
 
@@ -240,7 +241,8 @@ def test_more_jobs_than_nodes_a_sigkilled_service_and_a_time_limit(
     reason (no service concurrency limit applies: DLRM_VRGD_MAX_CONCURRENT_JOBS is 1). The
     service is SIGKILLed while one trains and the third is pending; restarted, it follows both
     again (never submitting one twice): the first succeeds with all its metrics, the third runs
-    once a node is free. A job over its Slurm time limit (1 min) fails with TIMEOUT."""
+    once a node is free. A job over its Slurm time limit (1 min) fails with TIMEOUT; a study
+    job runs on the other node meanwhile."""
     svc = start_service(**slurm_env)
     client = client_of(svc)
     over_time = client.submit("over-time", long_job(), timeout_s=30)  # Slurm: --time=1 (min)
@@ -276,6 +278,8 @@ def test_more_jobs_than_nodes_a_sigkilled_service_and_a_time_limit(
     jobcomp = (slurm.root / "jobcomp.txt").read_text()
     for job in (first, third):
         assert jobcomp.count(f"Name=dlrm-vrgd-{job['id']} ") == 1  # submitted once
+    # a study runs through Slurm too (one node: its cells run in worker processes there)
+    study = client2.submit("study", small_study(), kind="study")
 
     script = (svc.data_dir / "jobs" / over_time["id"] / "slurm.sbatch").read_text()
     assert "#SBATCH --time=1" in script
@@ -286,6 +290,12 @@ def test_more_jobs_than_nodes_a_sigkilled_service_and_a_time_limit(
     )
     assert "JobState=TIMEOUT" in (slurm.jobcomp(timed_out["slurm_job_id"]) or "")
     assert not marked_processes(over_time["id"])
+
+    studied = client2.wait(study["id"], timeout=180)
+    assert studied["state"] == "succeeded" and studied["slurm_job_id"], studied["error"]
+    assert studied["progress"]["step"] == 4
+    assert client2.result(study["id"])["cells_finished"] == 4
+    assert "srun --ntasks=1" in (svc.data_dir / "jobs" / study["id"] / "slurm.sbatch").read_text()
 
 
 def test_slurm_unreachable_refuses_to_start_and_answers_503_on_submit(
