@@ -133,6 +133,8 @@ class Runner:
         self.backend = backend or make_backend(settings)
         #: The GPUs jobs may use and which job holds which.
         self.gpus = GpuAllocator(resolve_gpus(settings.gpus, os.environ.get(GPU_ENV)))
+        #: Queued jobs already told why the scheduler did not take them yet.
+        self._handover_noted: dict[str, str] = {}
         #: Queued jobs already told that they wait for GPUs.
         self._gpu_waiting: set[str] = set()
         self._active: dict[str, ActiveJob] = {}
@@ -474,15 +476,20 @@ class Runner:
             handle = self.backend.schedule(request)
         except BackendUnavailable as err:
             logger.error("job %s: %s unavailable, trying again: %s", job.id, self.backend.name, err)
-            self.store.note(job.id, f"waiting for {self.backend.name}: {err}")
+            note = f"waiting for {self.backend.name}: {err}"
+            if self._handover_noted.get(job.id) != note:  # once per cause, not every tick
+                self._handover_noted[job.id] = note
+                self.store.note(job.id, note)
             return None
         except Exception as err:
             logger.warning("job %s: %s refused it: %s", job.id, self.backend.name, err)
+            self._handover_noted.pop(job.id, None)
             message = str(err) if isinstance(err, ScheduleError) else f"could not submit: {err}"
             self.store.transition(
                 job.id, [QUEUED], FAILED, message, finished_at=utcnow(), error=message
             )
             return None
+        self._handover_noted.pop(job.id, None)
         active = ActiveJob(job_id=job.id, handle=handle, timeout_s=timeout, deadline=None)
         active.state = QUEUED
         stored = self.store.set_if_state(
