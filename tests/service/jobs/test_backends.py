@@ -198,3 +198,19 @@ def test_a_store_from_before_backends_gets_the_new_columns(tmp_path: Path) -> No
         assert store.set_if_state("old", ["succeeded"], slurm_job_id="5").slurm_job_id == "5"
     finally:
         store.close()
+
+
+def test_a_job_slurmctld_forgot_is_read_from_the_jobcomp_file(tmp_path: Path) -> None:
+    """Lines as Slurm 22.05's jobcomp/filetxt wrote them here (the last one of a job wins)."""
+    jobcomp = tmp_path / "jobcomp.txt"
+    jobcomp.write_text(
+        "JobId=1 UserId=root(0) GroupId=root(0) Name=j.sh JobState=FAILED Partition=debug "
+        "TimeLimit=525600 NodeList=n[1-2] NodeCnt=2 DerivedExitCode=4:0 ExitCode=4:0 \n"
+        "JobId=12 UserId=root(0) Name=dlrm-vrgd-x JobState=REQUEUED ExitCode=0:0 \n"
+        "JobId=12 UserId=root(0) Name=dlrm-vrgd-x JobState=TIMEOUT ExitCode=0:15 \n"
+    )
+    backend = SlurmBackend(Settings(data_dir=tmp_path, backend="slurm"))
+    backend._jobcomp = jobcomp  # as `scontrol show config` names it (JobCompLoc)
+    assert backend._jobcomp_record("1") == ("FAILED", 4)
+    assert backend._jobcomp_record("12") == ("TIMEOUT", -15)
+    assert backend._jobcomp_record("2") is None
