@@ -73,3 +73,9 @@ class StorageError(ServiceError):
         name = errno.errorcode.get(err.errno or 0, "error")
         reason = os.strerror(err.errno) if err.errno else str(err)
         return cls(f"cannot store {what} on the service host: {reason} ({name}); nothing was kept")
+
+
+class Unavailable(ServiceError):
+    """What runs jobs cannot take one now (Slurm's controller unreachable): 503, naming why."""
+
+    status_code = 503

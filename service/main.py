@@ -27,6 +27,7 @@ from service.api.deps import require_token
 from service.api.responses import UNAUTHORIZED
 from service.api.routes import artifacts, events, health, jobs, metrics, pages
 from service.errors import InvalidInput, ServiceError, StorageError
+from service.jobs.backends import BackendUnavailable, make_backend
 from service.jobs.notifier import Notifier
 from service.jobs.runner import Runner
 from service.jobs.service import JobService
@@ -81,6 +82,10 @@ def preflight(settings: Settings) -> None:
     lock = DataDirLock(settings.lock_path)
     lock.acquire()
     lock.release()
+    try:
+        make_backend(settings).check()
+    except BackendUnavailable as err:
+        raise StartupRefused(str(err)) from None
 
 
 # ------------------------------------------------------------------------- body limit

@@ -27,6 +27,7 @@ from service.errors import (
     JobNotFound,
     ResultNotFound,
     StorageError,
+    Unavailable,
 )
 from service.jobs import files as jobfiles
 from service.jobs.gpus import gpu_request
@@ -108,8 +109,11 @@ class JobService:
             ) from None
 
     def _create(self, body: JobCreate, resolved: dict[str, Any]) -> Job:
+        problem = self.runner.backend.available()
+        if problem is not None:
+            raise Unavailable(f"cannot take jobs now: {problem}")
         need, field = gpu_request(resolved)
-        if need > self.runner.gpus.capacity:
+        if not self.runner.queues_jobs and need > self.runner.gpus.capacity:
             have = ",".join(self.runner.gpus.devices) or "none"
             raise InvalidInput(
                 field,
