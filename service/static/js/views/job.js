@@ -123,6 +123,7 @@ export async function jobView(main, jobId) {
     if (job.finished_at) parts.push(`finished ${localTime(job.finished_at)}`);
     if (isNum(job.exit_code)) parts.push(`exit ${job.exit_code}`);
     else if (job.started_at && job.finished_at) parts.push(h("span", { title: "Nothing recorded how the job's process ended (it was re-attached after a restart and killed outright)" }, "exit unknown"));
+    if (job.slurm_job_id) parts.push(h("span", { class: "mono" }, `Slurm job ${job.slurm_job_id}`));
     fill(meta, parts.flatMap((p, i) => (i ? [" · ", p] : [p])));
     cancelBtn.hidden = !ACTIVE.has(job.state);
     const unit = { train: " steps", study: " cells" }[job.kind] ?? "";
