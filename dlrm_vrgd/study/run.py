@@ -116,7 +116,7 @@ def run_study(
 
 #: Settings that only choose which cells run, how many at once, or how they are reported: a
 #: finished study may be resumed with more learning rates or seeds, or another target AUC.
-_GRID_ONLY = ("workers", "lr_multipliers", "seeds", "target_auc")
+_GRID_ONLY = ("workers", "lr_multipliers", "seeds", "target_auc", "rule_multiplier", "groups")
 
 
 def _spec(resolved: dict[str, Any]) -> dict[str, Any]:
@@ -177,6 +177,7 @@ def _cell_record(done: int, total: int, cell: Cell, run_dir: Path, status: str) 
         "optimizer": cell.optimizer,
         "lr_multiplier": cell.lr_multiplier,
         "seed": cell.seed,
+        "groups": cell.groups,
         "val_auc": result["val"]["auc"],
         "test_auc": result["test"]["auc"],
         "oracle_auc": result["test"].get("oracle_auc"),
