@@ -119,9 +119,19 @@ def run_study(
 _GRID_ONLY = ("workers", "lr_multipliers", "seeds", "target_auc", "rule_multiplier", "groups")
 
 
+#: Optimizer fields added after studies were first run: unset, they are left out of the spec so
+#: that a study.json written before them still matches.
+_LATER_OPTIMIZER_FIELDS = ("groups", "lr_rule", "rule_multiplier")
+
+
 def _spec(resolved: dict[str, Any]) -> dict[str, Any]:
     """What every cell of a study shares: its config less the grid-only settings."""
-    return {k: v for k, v in resolved.items() if k not in _GRID_ONLY}
+    spec = {k: v for k, v in resolved.items() if k not in _GRID_ONLY}
+    spec["optimizers"] = [
+        {k: v for k, v in o.items() if not (k in _LATER_OPTIMIZER_FIELDS and v is None)}
+        for o in spec.get("optimizers", [])
+    ]
+    return spec
 
 
 def _check_finished_cell(study: StudyConfig, cell: Cell, run_dir: Path) -> None:

@@ -180,7 +180,7 @@ def test_markdown_numbers_equal_the_json(finished) -> None:
     tuned_md, rule_md = md.split("## Rule")
     assert_rows_equal_json(_md_rows(tuned_md), results["summary"])
     assert_rows_equal_json(_md_rows(rule_md), results["summary_rule"])
-    for part, pairs in ((tuned_md, results["pairs"]), (rule_md.split("Validation AUC")[0],
+    for part, pairs in ((tuned_md, results["pairs"]), (rule_md.split("Validation AUC by LR")[0],
                                                        results["pairs_rule"])):  # fmt: skip
         pair_rows = [
             line for line in part.splitlines() if "| vrsgd |" in line and "| sgd |" in line
@@ -324,7 +324,10 @@ def _shipped_study(name: str) -> StudyConfig:
     return load_study(Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml")
 
 
-@pytest.mark.parametrize("name", ["study_cpu", "study_cpu_32k", "study_gpu", "study_cpu_estimator"])
+@pytest.mark.parametrize(
+    "name",
+    ["study_cpu", "study_cpu_32k", "study_gpu", "study_cpu_estimator", "study_cpu_cowclip"],
+)
 def test_shipped_study_configs_load(name: str) -> None:
     study = _shipped_study(name)
     assert {o.baseline for o in study.optimizers if o.baseline} <= {
@@ -333,7 +336,7 @@ def test_shipped_study_configs_load(name: str) -> None:
 
 
 # study_cpu_estimator is a follow-up around a known best LR, not a full grid
-@pytest.mark.parametrize("name", ["study_cpu", "study_cpu_32k", "study_gpu"])
+@pytest.mark.parametrize("name", ["study_cpu", "study_cpu_32k", "study_gpu", "study_cpu_cowclip"])
 def test_shipped_full_grids_sweep_enough_lrs_and_seeds(name: str) -> None:
     study = _shipped_study(name)
     assert len(study.lr_multipliers) >= 5 and min(study.lr_multipliers) < 1  # below the sqrt rule
@@ -450,3 +453,24 @@ def test_a_study_with_groups_cowclip_and_adagrad_reports_both_protocols(tmp_path
         assert (tmp_path / png).stat().st_size > 10_000
     gsnr = read_jsonl(tmp_path / "cells" / "G256-cowclip-k2-lr1-s0" / "gsnr.jsonl")
     assert "cowclip_clipped" in gsnr[-1]["tables"][0]
+
+
+@pytest.mark.parametrize("name", ["study_cpu_cowclip", "study_gpu"])
+def test_shipped_round_two_grids_have_every_axis(name: str) -> None:
+    """Issue 18's grid: batches 8x apart or more, >= 500 steps at the largest, VR-SGD at two k,
+    CowClip under its own rule, the Adagrad pair, every cell k at its optimizer's k."""
+    study = _shipped_study(name)
+    sizes = sorted(study.batch_sizes)
+    assert sizes[-1] // sizes[0] >= 8 and study.steps_at_largest >= 500
+    series = {(c.optimizer, c.groups) for c in study.cells()}
+    vr_ks = sorted(k for o, k in series if o == "vrsgd")
+    assert len(vr_ks) >= 2 and vr_ks[-1] >= 4 * vr_ks[0]
+    cow = study.optimizer("cowclip")
+    assert cow.lr_rule == "cowclip" and cow.sparse["name"] == "cowclip_rowwise_adagrad"
+    assert study.optimizer("adagrad").dense["name"] == "adagrad"
+    assert study.optimizer("sgd").dense["name"] == "sgd"
+    for cell in study.cells():
+        cfg = study.cell_config(cell)
+        k = cfg.run.world_size * cfg.run.accumulation_steps
+        assert k == cell.groups and cfg.run.micro_batch * k == cell.global_batch
+    assert study.rule_multiplier in study.lr_multipliers
