@@ -179,3 +179,12 @@ def test_weight_decay_without_cowclip_is_refused() -> None:
         SparseRowwiseOptimizer([], lr=0.1, gsnr=True, cowclip=CowClip(8))
     with pytest.raises(ValueError, match="clip_ratio"):
         CowClip(8, clip_ratio=float("inf"))
+
+
+def test_torch_backend_clips_like_fbgemm() -> None:
+    sets = ("optim.sparse.name=cowclip_rowwise_adagrad", "optim.sparse.clip_ratio=0.05",
+            "optim.sparse.weight_decay=0.01")  # fmt: skip
+    fb = train_tables(*sets)
+    pt = train_tables(*sets, "model.embedding_backend=torch")
+    assert pt[0] == pytest.approx(fb[0], rel=1e-5)
+    torch.testing.assert_close(torch.cat(pt[1]), torch.cat(fb[1]), rtol=1e-4, atol=1e-6)
