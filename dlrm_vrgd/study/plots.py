@@ -30,7 +30,14 @@ def write_plots(
     paths = []
     names = [o.name for o in study.optimizers]
     colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
-    vr = {o.name for o in study.optimizers if o.baseline}
+    vr = {o.name for o in study.optimizers if o.baseline}  # compared against a base
+    # optimizers that estimate GSNR (the "VR cells" of the GSNR and k plots)
+    gsnr = {
+        o.name
+        for o in study.optimizers
+        if str(o.dense.get("name", "")).startswith("vr")
+        or str(o.sparse.get("name", "")).startswith("gsnr_")
+    }
     series = _series(summary)
     many_k = {n for n in names if len({k for m, k in series if m == n}) > 1}
     markers = "osD^v<>ph"
@@ -114,7 +121,7 @@ def write_plots(
     # 3. GSNR ratio over training (VR optimizers, best LR, seed mean), dense and tables
     fig, (ax_d, ax_t) = plt.subplots(1, 2, figsize=(10, 4))
     for name, k in series:
-        if name not in vr:
+        if name not in gsnr:
             continue
         for g in sizes:
             ids = [c["cell"] for c in chosen(g, name, k)]
@@ -136,12 +143,12 @@ def write_plots(
     paths.append(_save(fig, out / "gsnr_ratio.png"))
 
     # 4. test AUC against k (gradient groups per step), VR optimizers, both protocols
-    if vr:
+    if gsnr:
         fig, axes = plt.subplots(
             1, len(protocols), figsize=(6 * len(protocols), 4), squeeze=False, sharey=True
         )
         for ax, (_, what, rows) in zip(axes[0], protocols, strict=True):
-            for name in sorted(vr):
+            for name in sorted(gsnr):
                 for g in sizes:
                     pts = sorted(
                         (s["groups"], s["test_auc"], s["test_auc_sd"])
@@ -164,6 +171,9 @@ def write_plots(
                         label=f"{name} G={g:,}",
                     )
             ax.set_xscale("log", base=2)
+            ks = sorted({s["groups"] for s in summary if s.get("groups") is not None})
+            ax.set_xticks(ks, [str(k) for k in ks])
+            ax.minorticks_off()
             ax.set_xlabel("k: micro-batches (gradient groups) per step")
             ax.set_title(f"VR cells: test AUC vs k, {what}")
             ax.grid(alpha=0.3)
