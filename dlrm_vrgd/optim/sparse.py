@@ -59,6 +59,7 @@ from dlrm_vrgd.optim.gsnr import (
     row_moments,
     row_sq_norm,
     rowwise_ratio,
+    step_ratio_summary,
 )
 
 Estimator = Literal["step", "ema"]
@@ -274,18 +275,6 @@ def plain_step_norm(
     return lr * norm / ((state + grad.square().mean(dim=1)).sqrt() + eps)
 
 
-def step_ratio_stats(actual: torch.Tensor, plain: torch.Tensor) -> dict[str, float | None]:
-    """Mean and 10th percentile of ``actual / plain`` over the entries whose plain step is
-    not zero (the realised step ratio); None when there is none."""
-    live = plain > 0
-    if not bool(live.any()):
-        return {"step_ratio_mean": None, "step_ratio_p10": None}
-    ratio = (actual[live] / plain[live]).double()
-    k = max(1, int(math.ceil(0.1 * ratio.numel())))
-    p10 = torch.kthvalue(ratio, k).values
-    return {"step_ratio_mean": float(ratio.mean()), "step_ratio_p10": float(p10)}
-
-
 class SparseRowwiseOptimizer:
     """One row-wise update of every touched embedding row per global step, optionally scaled by
     the row's gradient signal-to-noise ratio (DESIGN.md 4.3).
@@ -479,7 +468,7 @@ class SparseRowwiseOptimizer:
             table_ix = space.table_index(r)
             for i, t in enumerate(space.tables):
                 sel = table_ix == i
-                entries[t].update(step_ratio_stats(actual[sel], plain[sel]))
+                entries[t].update(step_ratio_summary(actual[sel], plain[sel]))
 
     def _step_space(
         self,

@@ -48,7 +48,7 @@ from torch.optim import Optimizer
 from torch.optim.adam import adam as adam_update
 from torch.optim.sgd import sgd as sgd_update
 
-from dlrm_vrgd.optim.gsnr import gsnr_ratios
+from dlrm_vrgd.optim.gsnr import gsnr_ratios, step_ratio_summary
 
 logger = logging.getLogger(__name__)
 
@@ -258,7 +258,8 @@ class GroupGSNROptimizer(Optimizer):
             self.state[p] = st
         self._update(group, params, means, ratios)
         return [
-            _step_ratio(p.detach() - b, d) for p, b, d in zip(params, before, plain, strict=True)
+            step_ratio_summary((p.detach() - b).abs(), d.abs())
+            for p, b, d in zip(params, before, plain, strict=True)
         ]
 
     # ----------------------------------------------------------------- telemetry
@@ -274,20 +275,6 @@ class GroupGSNROptimizer(Optimizer):
 
 def _clone_state(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v.clone() if isinstance(v, Tensor) else v for k, v in state.items()}
-
-
-def _step_ratio(actual: Tensor, plain: Tensor) -> dict[str, float | None]:
-    """Mean and 10th percentile of ``|actual| / |plain|`` over the elements that the plain
-    update moves."""
-    live = plain != 0
-    if not bool(live.any()):
-        return {"step_ratio_mean": None, "step_ratio_p10": None}
-    ratio = (actual[live].abs() / plain[live].abs()).double()
-    k = max(1, math.ceil(0.1 * ratio.numel()))
-    return {
-        "step_ratio_mean": float(ratio.mean()),
-        "step_ratio_p10": float(torch.kthvalue(ratio, k).values),
-    }
 
 
 def _scaled(mean: Tensor, ratio: Tensor | None) -> Tensor:
