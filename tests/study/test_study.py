@@ -335,6 +335,23 @@ def test_shipped_study_configs_load(name: str) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("name", "out"),
+    [("study_cpu", "cpu"), ("study_cpu_32k", "cpu_32k"), ("study_cpu_estimator", "cpu_estimator")],
+)
+def test_committed_studies_are_what_their_configs_say(name: str, out: str) -> None:
+    """docs/study/OUT was run by configs/NAME.yaml: rerunning it there resumes, not refuses
+    (their VR cells pin `gsnr_placement: gradient`, the placement they really ran with)."""
+    from dlrm_vrgd.study.run import _spec
+
+    saved = Path(__file__).resolve().parents[2] / "docs" / "study" / out / "study.json"
+    assert _spec(json.loads(saved.read_text())) == _spec(
+        _shipped_study(name).model_dump(mode="json")
+    )
+    vr = [o for o in _shipped_study(name).optimizers if o.sparse["name"].startswith("gsnr_")]
+    assert vr and all(o.sparse["gsnr_placement"] == "gradient" for o in vr)
+
+
 # study_cpu_estimator is a follow-up around a known best LR, not a full grid
 @pytest.mark.parametrize("name", ["study_cpu", "study_cpu_32k", "study_gpu", "study_cpu_cowclip"])
 def test_shipped_full_grids_sweep_enough_lrs_and_seeds(name: str) -> None:
