@@ -187,15 +187,18 @@ class Runner:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if not self._active:
-            return
         if not self.settings.cancel_on_shutdown:
-            logger.info(
-                "leaving %d running job(s) running; the next start re-attaches them",
-                len(self._active),
-            )
+            if self._active:
+                logger.info(
+                    "leaving %d running job(s) running; the next start re-attaches them",
+                    len(self._active),
+                )
+            # also a job whose launch finished as the loop was cancelled (the backend has
+            # its handle, _active does not yet): let go of its process without a warning
             self.backend.close()
             self._active.clear()
+            return
+        if not self._active:
             return
         for active in self._active.values():
             await self._begin_stop(active, "shutdown")
