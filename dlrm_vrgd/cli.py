@@ -218,6 +218,43 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from dlrm_vrgd.serve.export import export_model
+
+    result = export_model(
+        args.run, args.out, args.step, program=not args.no_program, overwrite=args.overwrite
+    )
+    files = result.manifest["files"]
+    size = sum(f["bytes"] for f in files.values())
+    print(
+        f"exported step {result.step} ({result.world_size} rank(s)) of {args.run} -> "
+        f"{result.out} ({len(files)} files, {size / 1e6:,.1f} MB)"
+    )
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from dlrm_vrgd.serve.score import score, summary_lines
+
+    result = score(
+        args.model,
+        args.input,
+        args.out,
+        fmt=args.output_format,
+        input_format=args.format,
+        labels=args.labels,
+        skip_bad_rows=args.skip_bad_rows,
+        overwrite=args.overwrite,
+        batch_rows=args.batch_rows,
+        workers=args.workers,
+        device=args.device,
+        metrics_path=args.metrics,
+        progress=not args.no_progress,
+    )
+    print("\n".join(summary_lines(result)))
+    return 0
+
+
 def cmd_show_config(args: argparse.Namespace) -> int:
     import yaml
 
@@ -302,6 +339,36 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--workers", type=int, help="parsing threads (default: all cores)")
     pp.add_argument("--no-progress", action="store_true", help="no progress bar")
     pp.set_defaults(fn=cmd_preprocess)
+
+    ex = sub.add_parser("export", help="a run's checkpoint -> a model directory (plain PyTorch)")
+    ex.add_argument("--run", required=True, help="run directory (its checkpoints/)")
+    ex.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
+    ex.add_argument("--out", required=True, help="model directory (appears when complete)")
+    ex.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
+    ex.add_argument("--no-program", action="store_true", help="skip the torch.export model.pt2")
+    ex.set_defaults(fn=cmd_export)
+
+    sc = sub.add_parser("score", help="click probabilities of raw Criteo rows or day files")
+    sc.add_argument("--model", required=True, help="model directory (dlrm-vrgd export)")
+    sc.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="raw files (TSV/CSV, gzip), directories of them, or preprocessed directories",
+    )
+    sc.add_argument("--out", required=True, help="predictions (.csv, or .parquet / .pq)")
+    sc.add_argument("--output-format", choices=["csv", "parquet"], help="default: from --out")
+    sc.add_argument("--format", choices=["auto", "tsv", "csv"], default="auto", help="inputs")
+    sc.add_argument("--labels", choices=["auto", "yes", "no"], default="auto")
+    sc.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows, count them")
+    sc.add_argument("--metrics", help="metrics file with labels (default OUT.metrics.json)")
+    sc.add_argument("--batch-rows", type=int, default=16_384, help="rows per forward pass")
+    sc.add_argument("--workers", type=int, help="parsing threads (default: all cores)")
+    sc.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    sc.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
+    sc.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sc.set_defaults(fn=cmd_score)
 
     st = sub.add_parser("study", help="run a batch-size study (resumable) and write its report")
     st.add_argument("--config", required=True, help="YAML StudyConfig (see configs/study_*.yaml)")

@@ -60,6 +60,16 @@ RESUMABLE_CHANGES = {
     "run.malloc_mmap_threshold_kb",
 }
 
+#: What may change when a run resumes on another number of ranks (its tables are resharded).
+RESHARD_CHANGES = {
+    "run.nproc_per_node",
+    "run.nnodes",
+    "run.rdzv_endpoint",
+    "run.rdzv_id",
+    "run.sharding",
+    "run.collective_timeout_s",
+}
+
 
 class Callback:
     """Hooks for live progress (CLI line, service); every method is optional."""
@@ -325,18 +335,42 @@ def check_resume(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
     if latest is None:
         return None
     manifest = ckpt.read_manifest(latest)
-    if manifest["world_size"] != cfg.run.world_size:
-        raise ValueError(
-            f"cannot resume {out}: {latest.name} was written by {manifest['world_size']} "
-            f"rank(s) and its tables are sharded for that many; resume with "
-            f"run.nnodes x run.nproc_per_node = {manifest['world_size']}"
-        )
     changed = [
-        k for k in config_changes(manifest["config"], cfg.to_dict()) if k not in RESUMABLE_CHANGES
+        k
+        for k in config_changes(manifest["config"], cfg.to_dict())
+        if k not in RESUMABLE_CHANGES | RESHARD_CHANGES
     ]
     if changed:
         raise ValueError(f"cannot resume {out}: config differs in {', '.join(changed)}")
+    if needs_reshard(manifest, cfg):
+        logger.info(
+            "resuming %s (written by %d rank(s)) on %d: its tables are resharded",
+            latest,
+            manifest["world_size"],
+            cfg.run.world_size,
+        )
     return latest
+
+
+def needs_reshard(manifest: dict[str, Any], cfg: TrainConfig) -> bool:
+    """Whether a checkpoint's shards differ from what ``cfg`` runs on (ranks or sharding)."""
+    saved = manifest["config"]["run"]
+    return int(manifest["world_size"]) != cfg.run.world_size or (
+        cfg.run.world_size > 1 and saved.get("sharding") != list(cfg.run.sharding)
+    )
+
+
+def load_checkpoint(trainer: Trainer, latest: Path) -> None:
+    """Load checkpoint ``latest`` into ``trainer``, resharding it when it was written by
+    another number of ranks or sharding (:mod:`dlrm_vrgd.train.reshard`)."""
+    if not needs_reshard(ckpt.read_manifest(latest), trainer.cfg):
+        trainer.load_state_dict(ckpt.load_rank_state(latest, trainer.env.rank))
+        return
+    from dlrm_vrgd.train.reshard import gather_checkpoint, rank_state
+
+    full = gather_checkpoint(latest)
+    with_ema = bool(trainer.sparse_opt.gsnr and trainer.sparse_opt.estimator == "ema")
+    trainer.load_state_dict(rank_state(full, trainer.lookups, with_ema))
 
 
 def train(
@@ -359,7 +393,7 @@ def train(
     trainer = Trainer(cfg, env=env)  # everything that can fail on bad input fails before writes
     main = env.is_main
     if latest is not None:
-        trainer.load_state_dict(ckpt.load_rank_state(latest, env.rank))
+        load_checkpoint(trainer, latest)
         logger.info("rank %d resumed from %s", env.rank, latest)
     writing = out is not None and main
     if writing:
