@@ -506,7 +506,7 @@ def _score_raw(
 
 
 def _iter_days(src: _Days, mapper: FeatureMapper) -> Iterator[tuple[str, Any]]:
-    from dlrm_vrgd.data.criteo import CriteoDays, CriteoDataError
+    from dlrm_vrgd.data.criteo import CriteoDataError, CriteoDays
 
     try:
         store = CriteoDays(src.path)
@@ -530,8 +530,8 @@ def _score_days(
     for name, day in _iter_days(src, mapper):
         for a in range(0, day.rows, step):
             b = min(a + step, day.rows)
-            sparse = mapper.day_ids(np.asarray(day.sparse[a:b], dtype=np.int64))
-            probs = _predict(model, np.asarray(day.dense[a:b]), sparse, batch_rows, device)
+            sparse = mapper.day_ids(np.array(day.sparse[a:b], dtype=np.int64))
+            probs = _predict(model, np.array(day.dense[a:b]), sparse, batch_rows, device)
             labels = np.asarray(day.labels[a:b, 0], dtype=np.int32) if day.labeled else None
             writer.write(name, np.arange(a + 1, b + 1, dtype=np.int64), None, labels, probs)
             if metrics is not None and labels is not None:
