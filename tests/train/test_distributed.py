@@ -130,14 +130,6 @@ def test_sharded_checkpoint_resumes_on_two_ranks_exactly(runs: dict[str, Path]) 
     assert_same_model(runs["two"], part, 6)
 
 
-def test_resume_on_one_rank_is_refused_clearly(runs: dict[str, Path]) -> None:
-    tmp = runs["tmp"]
-    cfg = write_config(tmp / "one_rank.yaml", 1, steps=8)
-    proc = cli("train", "--config", str(cfg), "--out", str(runs["two"]), "--resume")
-    assert proc.returncode == 2
-    assert "written by 2 rank(s)" in proc.stderr and "= 2" in proc.stderr
-
-
 def _children(pid: int) -> list[int]:
     out = []
     for task in Path(f"/proc/{pid}/task").iterdir():
