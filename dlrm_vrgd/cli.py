@@ -79,7 +79,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _train_rank(cfg, args)
     from dlrm_vrgd.train.loop import train
 
-    result = train(cfg, args.out, callbacks=[ProgressLine()], resume=args.resume)
+    result = train(
+        cfg, args.out, callbacks=[ProgressLine()], resume=args.resume, export_to=args.export_model
+    )
     _print_result(result)
     return 0
 
@@ -98,6 +100,7 @@ def _launch_torchrun(cfg: TrainConfig, args: argparse.Namespace) -> int:
     argv = ["train", "--config", str(Path(args.config).resolve()), "--out", str(args.out)]
     argv += [a for item in args.set for a in ("--set", item)]
     argv += ["--resume"] if args.resume else []
+    argv += ["--export-model", str(args.export_model)] if args.export_model else []
     cmd = distributed.torchrun_command(cfg, argv)
     # the cores are shared by the ranks of this node (torchrun would otherwise pick 1 and say so)
     threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // cfg.run.nproc_per_node)
@@ -120,7 +123,10 @@ def _train_rank(cfg: TrainConfig, args: argparse.Namespace) -> int:
         env = distributed.init_from_env(cfg)
         try:
             callbacks = [ProgressLine()] if env.is_main else []
-            result = train(cfg, args.out, callbacks=callbacks, resume=args.resume, env=env)
+            result = train(
+                cfg, args.out, callbacks=callbacks, resume=args.resume, env=env,
+                export_to=args.export_model,
+            )  # fmt: skip
             if env.is_main:
                 _print_result(result)
         finally:
@@ -234,7 +240,25 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
+    import time
+
     from dlrm_vrgd.serve.score import score, summary_lines
+    from dlrm_vrgd.train import rundir
+
+    record = Path(args.record) if args.record else None
+    progress = None
+    if record is not None:  # a run directory for the service: progress lines, then result.json
+        record.mkdir(parents=True, exist_ok=True)
+        (record / rundir.RESULT).unlink(missing_ok=True)
+        log = rundir.JsonlWriter(record / rundir.METRICS)
+        log.write({"kind": "start", "step": 0})
+        last = [0.0]
+
+        def progress(rows: int, seconds: float, fraction: float) -> None:
+            if time.monotonic() - last[0] >= 1.0 or fraction >= 1.0:
+                last[0] = time.monotonic()
+                rate = rows / seconds if seconds > 0 else None
+                log.write({"kind": "score", "rows": rows, "rows_per_s": rate, "fraction": fraction})
 
     result = score(
         args.model,
@@ -250,7 +274,21 @@ def cmd_score(args: argparse.Namespace) -> int:
         device=args.device,
         metrics_path=args.metrics,
         progress=not args.no_progress,
+        on_progress=progress,
     )
+    if record is not None:
+        rundir.atomic_write_json(
+            record / rundir.RESULT,
+            {
+                "rows": result.rows,
+                "seconds": result.seconds,
+                "rows_per_s": result.rows_per_second,
+                "bad_rows": result.bad_rows,
+                "predictions": str(result.out),
+                "metrics": result.metrics,
+                "model": str(Path(args.model).absolute()),
+            },
+        )
     print("\n".join(summary_lines(result)))
     return 0
 
@@ -282,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(t)
     t.add_argument("--out", required=True, help="run directory")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    t.add_argument(
+        "--export-model", metavar="DIR", help="at the end, export the model there (see export)"
+    )
     t.set_defaults(fn=cmd_train)
 
     d = sub.add_parser(
@@ -368,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     sc.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
     sc.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sc.add_argument("--record", metavar="DIR", help=argparse.SUPPRESS)  # the service's run dir
     sc.set_defaults(fn=cmd_score)
 
     st = sub.add_parser("study", help="run a batch-size study (resumable) and write its report")

@@ -313,11 +313,12 @@ def score(
     device: str = "cpu",
     metrics_path: str | Path | None = None,
     progress: bool = True,
-    on_progress: Callable[[int, float], None] | None = None,
+    on_progress: Callable[[int, float, float], None] | None = None,
 ) -> ScoreResult:
     """Score ``inputs`` with the model directory ``model_dir`` into ``out`` (module docstring).
 
-    ``on_progress(rows, seconds)`` is called after every written block (for services)."""
+    ``on_progress(rows, seconds, fraction of the input read)`` is called after every written
+    block (for services)."""
     t0 = time.perf_counter()
     out = Path(out).absolute()
     if out.exists() and not overwrite:
@@ -388,7 +389,7 @@ class _Progress:
         self,
         sources: list[_Raw | _Days],
         show: bool,
-        callback: Callable[[int, float], None] | None,
+        callback: Callable[[int, float, float], None] | None,
     ) -> None:
         from tqdm import tqdm
 
@@ -398,6 +399,7 @@ class _Progress:
                 total += s.path.stat().st_size
             else:
                 total += sum(d["rows"] for d in s.manifest["days"]) * _DAY_ROW_BYTES
+        self.total = max(total, 1)
         self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="score", disable=not show)
         self.rows = 0
         self.bad_rows = 0
@@ -412,7 +414,7 @@ class _Progress:
         rate = self.rows / seconds if seconds > 0 else 0.0
         self.bar.set_postfix_str(f"{self.rows:,} rows, {rate:,.0f} rows/s", refresh=False)
         if self.callback is not None:
-            self.callback(self.rows, seconds)
+            self.callback(self.rows, seconds, min(1.0, self.bar.n / self.total))
 
     def close(self) -> None:
         self.bar.close()

@@ -379,13 +379,16 @@ def train(
     callbacks: list[Callback] | tuple[Callback, ...] = (),
     resume: bool = False,
     env: DistEnv | None = None,
+    export_to: str | Path | None = None,
 ) -> RunResult:
     """Run the job described by ``cfg``; write the run directory when ``out_dir`` is given.
 
     With ``resume``, continue from the newest checkpoint in ``out_dir`` (records written after
     that checkpoint by the interrupted run are dropped), else ``out_dir`` must not hold a run.
     Under torchrun, every rank calls this with its ``env``; rank 0 writes the run directory and
-    runs the callbacks, all ranks write their checkpoint shards.
+    runs the callbacks, all ranks write their checkpoint shards. With ``export_to``, the last
+    step is checkpointed (whatever ``run.checkpoint_every``) and exported there as a model
+    directory (:mod:`dlrm_vrgd.serve.export`) before ``result.json`` is written.
     """
     env = env or DistEnv()
     out = Path(out_dir) if out_dir is not None else None
@@ -463,7 +466,8 @@ def train(
                 metrics.write(ev)
             for cb in callbacks:
                 cb.on_eval(ev)
-        if out and run.checkpoint_every and trainer.step % run.checkpoint_every != 0:
+        saved = bool(run.checkpoint_every) and trainer.step % run.checkpoint_every == 0
+        if out and (run.checkpoint_every or export_to is not None) and not saved:
             trainer.save_checkpoint(out)
     except BaseException as err:
         if writing:  # tell readers (the service) why the run ended
@@ -491,6 +495,10 @@ def train(
     )
     if writing:
         assert out is not None
+        if export_to is not None:
+            from dlrm_vrgd.serve.export import export_model
+
+            export_model(out, export_to, trainer.step, overwrite=True)
         _write_result(out, cfg, result, result.samples - samples_before, env)
     barrier(env)
     for cb in callbacks:

@@ -17,6 +17,7 @@ from typing import Any
 from dlrm_vrgd.config import CriteoData
 from dlrm_vrgd.study.config import StudyConfig
 from service.errors import (
+    ArtifactNotFound,
     IllegalTransition,
     InvalidInput,
     JobNotFound,
@@ -27,9 +28,9 @@ from service.jobs.gpus import gpu_request
 from service.jobs.kinds import KINDS
 from service.jobs.notifier import Notifier
 from service.jobs.runner import Runner
-from service.jobs.states import TERMINAL
+from service.jobs.states import SUCCEEDED, TERMINAL
 from service.jobs.store import Job, Series, Store
-from service.schemas import JobCreate, JobPublic
+from service.schemas import JobCreate, JobPublic, ScoreConfig
 from service.settings import Settings
 
 #: Records per database read of an event stream.
@@ -61,6 +62,8 @@ class JobService:
         """Store a new queued job (its config written to its directory) and wake the runner."""
         if isinstance(body.config, StudyConfig):
             return self._create(body, body.config.model_dump(mode="json"))
+        if isinstance(body.config, ScoreConfig):
+            return self._create(body, self._resolve_score(body.config))
         config = body.config
         if isinstance(config.data, CriteoData):
             path = config.data.path.expanduser()
@@ -75,6 +78,34 @@ class JobService:
             data = config.data.model_copy(update={"path": path})
             config = config.model_copy(update={"data": data})
         return self._create(body, config.to_dict())
+
+    def _resolve_score(self, config: ScoreConfig) -> dict[str, Any]:
+        """A score job's config with the model directory and input paths made absolute; 422
+        naming the field for a model job without a model or an input outside the data root."""
+        job = self.store.get_job(config.model_job)
+        loc = ("body", "config", "model_job")
+        if job is None or job.kind != "train":
+            raise InvalidInput("config.model_job", f"no train job {config.model_job}", loc)
+        model_dir = self.files(job.id).model_dir
+        if job.state != SUCCEEDED or not (model_dir / "manifest.json").is_file():
+            raise InvalidInput(
+                "config.model_job",
+                f"job {job.id} is {job.state} and has no model (only a succeeded train job has)",
+                loc,
+            )
+        root = self.settings.inputs_root.resolve()
+        paths = []
+        for i, name in enumerate(config.inputs):
+            field, iloc = f"config.inputs.{i}", ("body", "config", "inputs", i)
+            parts = name.split("/")
+            if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+                raise InvalidInput(field, f"{name!r}: a path relative to the data root", iloc)
+            path = (root / name).resolve()
+            if not path.is_relative_to(root) or not path.exists():
+                raise InvalidInput(field, f"{name!r}: not found under the data root {root}", iloc)
+            paths.append(str(path))
+        return {**config.model_dump(mode="json"), "model_dir": str(model_dir),
+                "input_paths": paths}  # fmt: skip
 
     def _create(self, body: JobCreate, resolved: dict[str, Any]) -> Job:
         need, field = gpu_request(resolved)
@@ -169,6 +200,14 @@ class JobService:
     def artifacts(self, job_id: str) -> list[jobfiles.Artifact]:
         self.get(job_id)
         return jobfiles.list_artifacts(self.files(job_id))
+
+    def model_dir(self, job_id: str) -> Path:
+        """A train job's exported model directory; 404 until the job has one."""
+        job = self.get(job_id)
+        model = self.files(job_id).model_dir
+        if job.kind != "train" or not (model / "manifest.json").is_file():
+            raise ArtifactNotFound(f"job {job_id} has no model ({job.kind}, {job.state})")
+        return model
 
     def artifact_path(self, job_id: str, name: str) -> Path:
         jobfiles.check_artifact_name(name)
