@@ -334,3 +334,25 @@ def test_cancel_works_from_the_job_page(signed_in: Watched, served: Served) -> N
     page.wait_for_selector("#stream-status[data-status=ended]")
     assert page.locator("#cancel-job").is_hidden()
     shot(page, "job-cancelled")
+
+
+def test_the_job_page_downloads_a_finished_jobs_model(signed_in: Watched, served: Served) -> None:
+    import io
+    import tarfile
+
+    page = signed_in.page
+    page.goto(served.url(f"/ui/jobs/{served.running['id']}"))
+    page.wait_for_selector("#cancel-job", state="visible")
+    assert page.locator("#download-model").is_hidden()  # running: no model yet
+    job_id = served.finished["id"]
+    page.goto(served.url(f"/ui/jobs/{job_id}"))
+    page.wait_for_selector("#download-model", state="visible")
+    assert page.locator("#download-predictions").is_hidden()
+    assert page.locator("#model-job").is_hidden()
+    with page.expect_download() as download:
+        page.click("#download-model")
+    assert download.value.suggested_filename == f"model-{job_id}.tar"
+    data = Path(download.value.path()).read_bytes()
+    assert data == served.client.model(job_id)
+    names = tarfile.open(fileobj=io.BytesIO(data)).getnames()
+    assert f"model-{job_id}/weights.pt" in names
