@@ -4,7 +4,7 @@
 ``dense`` ``B x 13`` float32 (already transformed, as in the day files) and ``sparse`` ``B x 26``
 int64 table-local row ids gives ``B`` click probabilities. Its layers are those of
 :mod:`dlrm_vrgd.torch_model` (which mirrors torchrec's DLRM / DLRM_DCN exactly); the tables are
-one ``Σrows x D`` buffer read with ``F.embedding`` (one id per table and row: sum pooling of a
+one ``Σrows x D`` buffer read with ``index_select`` (one id per table and row: sum pooling of a
 single id is the row itself). Nothing here imports torchrec or FBGEMM.
 
 A model directory (written by :mod:`dlrm_vrgd.serve.export`)::
@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dlrm_vrgd.torch_model import LowRankCrossNet, mlp
@@ -72,8 +71,11 @@ class ScoringModel(nn.Module):
         self.register_buffer("weight", torch.zeros(sum(self.table_rows), dim))
         self.dense_arch = mlp([num_dense, *dense_arch])
         if arch == "dlrm":
+            # the upper triangle (no diagonal) of the N x N dot products, as flat positions:
+            # index_select of them is ~2x faster than advanced indexing by (rows, cols)
             triu = torch.triu_indices(num_sparse + 1, num_sparse + 1, offset=1)
-            self.register_buffer("triu", triu, persistent=False)
+            flat = triu[0] * (num_sparse + 1) + triu[1]
+            self.register_buffer("triu_flat", flat, persistent=False)
             over_in = dim + (num_sparse + 1) * num_sparse // 2
         else:
             self.crossnet = LowRankCrossNet(
@@ -88,12 +90,14 @@ class ScoringModel(nn.Module):
         return list(self.weight.split(self.table_rows))
 
     def logits(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        n = dense.shape[0]
-        emb = F.embedding(sparse + self.row_offsets, self.weight)  # B x T x D
+        n, t = sparse.shape
+        rows = (sparse + self.row_offsets).reshape(-1)
+        emb = self.weight.index_select(0, rows).view(n, t, -1)  # B x T x D
         d = self.dense_arch(dense)
         combined = torch.cat([d.unsqueeze(1), emb], dim=1)
         if self.arch == "dlrm":
-            dots = torch.bmm(combined, combined.transpose(1, 2))[:, self.triu[0], self.triu[1]]
+            dots = torch.bmm(combined, combined.transpose(1, 2)).flatten(1)
+            dots = dots.index_select(1, self.triu_flat)
             features = torch.cat([d, dots], dim=1)
         else:
             features = self.crossnet(combined.reshape(n, -1))
