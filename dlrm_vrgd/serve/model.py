@@ -59,6 +59,7 @@ class ScoringModel(nn.Module):
         over_arch: list[int],
         dcn_num_layers: int = 3,
         dcn_low_rank_dim: int = 16,
+        meta_tables: bool = False,
     ) -> None:
         super().__init__()
         if arch not in ("dlrm", "dlrm_dcn"):
@@ -68,7 +69,9 @@ class ScoringModel(nn.Module):
         num_sparse, dim = len(self.table_rows), embedding_dim
         starts = torch.tensor([0, *self.table_rows[:-1]], dtype=torch.int64).cumsum(0)
         self.register_buffer("row_offsets", starts)
-        self.register_buffer("weight", torch.zeros(sum(self.table_rows), dim))
+        # meta_tables: no storage for the tables, for loading them with assign=True
+        weight = torch.empty(sum(self.table_rows), dim, device="meta" if meta_tables else None)
+        self.register_buffer("weight", weight if meta_tables else weight.zero_())
         self.dense_arch = mlp([num_dense, *dense_arch])
         if arch == "dlrm":
             # the upper triangle (no diagonal) of the N x N dot products, as flat positions:
@@ -153,9 +156,9 @@ def load_model(
     model_dir = Path(model_dir)
     read_manifest(model_dir, verify)
     arch = json.loads((model_dir / ARCH).read_text())
-    model = ScoringModel(**arch)
-    state = torch.load(model_dir / WEIGHTS, map_location="cpu", weights_only=True)
-    model.load_state_dict(state)
+    model = ScoringModel(**arch, meta_tables=True)  # the loaded tables are taken, not copied
+    state = torch.load(model_dir / WEIGHTS, map_location="cpu", weights_only=True, mmap=True)
+    model.load_state_dict(state, assign=True)
     return model.to(device).eval()
 
 
