@@ -9,18 +9,32 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, StringConstraints, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.jobs.gpus import GpuError, parse_gpu_spec
 
 ENV_PREFIX = "DLRM_VRGD_"
+#: Docker's secrets directory (Compose mounts file secrets there): a file named after a
+#: variable, e.g. ``dlrm_vrgd_token``, sets that field when the variable itself is unset, so
+#: a token given as a secret shows in no ``docker inspect``. Read only where it exists.
+SECRETS_DIR = Path("/run/secrets")
 #: Shortest bearer token accepted when the service listens beyond the loopback interface.
 MIN_PUBLIC_TOKEN_CHARS = 16
+#: A Slurm partition, account or QoS name.
+SlurmName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.,-]+$")]
+#: A Slurm time limit: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED.
+SlurmTime = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+(:\d{2}){0,2}|UNLIMITED|INFINITE)$"
+    ),
+]
 
 
 def default_data_dir() -> Path:
@@ -32,7 +46,12 @@ def default_data_dir() -> Path:
 class Settings(BaseSettings):
     """Service configuration; each field ``x`` is read from ``DLRM_VRGD_X``."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="ignore",
+        frozen=True,
+        secrets_dir=SECRETS_DIR if SECRETS_DIR.is_dir() else None,
+    )
 
     #: Where the SQLite store (``service.db``), the token and every job's directory live.
     data_dir: Path = Field(default_factory=default_data_dir)
@@ -40,9 +59,11 @@ class Settings(BaseSettings):
     data_root: Path | None = None
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
-    #: Bearer token; when unset, one is generated, saved to ``DATA_DIR/token`` and printed.
+    #: Bearer token (``DLRM_VRGD_TOKEN``, else the secret file ``dlrm_vrgd_token``); when
+    #: unset, one is generated, saved to ``DATA_DIR/token`` and printed.
     token: SecretStr | None = None
     #: Jobs running at once; the rest wait in FIFO order. 0 holds every job in the queue.
+    #: With the Slurm backend Slurm queues: any other value hands every job over at once.
     max_concurrent_jobs: Annotated[int, Field(ge=0)] = 1
     #: Default wall-clock limit of a job (a job's own ``timeout_s`` wins); None = no limit.
     job_timeout_s: Annotated[float, Field(gt=0)] | None = None
@@ -69,9 +90,44 @@ class Settings(BaseSettings):
     #: Let a later queued job start while an earlier one waits for GPUs (backfill); off keeps
     #: strict FIFO order: a job waiting for GPUs holds back the jobs behind it.
     gpu_backfill: bool = False
+    #: Memory a job may use on one node, in bytes; jobs whose estimate (dlrm_vrgd.resources)
+    #: exceeds it are refused with 422. Default: this host's memory (or its cgroup limit).
+    job_memory_bytes: Annotated[int, Field(gt=0)] | None = None
     #: Where job directories live (default ``DATA_DIR/jobs``). A multi-node job needs them on
     #: storage that every node mounts at the same path; the SQLite store stays in DATA_DIR.
     jobs_root: Path | None = None
+
+    #: What runs jobs: "local" (processes on this host) or "slurm" (one ``sbatch`` per job;
+    #: the job directories must sit on a file system every node mounts at the same path).
+    backend: Literal["local", "slurm"] = "local"
+    #: Slurm: ``--partition``, ``--account``, ``--qos`` of every job (unset: Slurm's default).
+    slurm_partition: SlurmName | None = None
+    slurm_account: SlurmName | None = None
+    slurm_qos: SlurmName | None = None
+    #: Slurm: ``--time`` of a job without a timeout of its own, in Slurm's format
+    #: ("30", "4:00:00", "2-00:00:00"); a job's ``timeout_s`` wins (rounded up to minutes).
+    slurm_time_limit: SlurmTime | None = None
+    #: Slurm: ``--gpus-per-node`` of a CUDA job (default: its ``run.nproc_per_node``).
+    slurm_gpus_per_node: Annotated[int, Field(ge=1)] | None = None
+    #: Slurm: more ``sbatch`` arguments, as a shell would split them ("--constraint=a100").
+    slurm_extra_args: str = ""
+    #: Slurm: the c10d rendezvous port on the first node of a multi-node job.
+    slurm_rdzv_port: Annotated[int, Field(ge=1, le=65535)] = 29500
+    #: Slurm: whole nodes per job (``--exclusive``), as multi-node training wants.
+    slurm_exclusive: bool = True
+    #: Slurm: seconds between two looks at the queue (one ``squeue`` for every job).
+    slurm_poll_interval_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+    #: Slurm: a Slurm command that takes longer counts as "Slurm unreachable".
+    slurm_command_timeout_s: Annotated[float, Field(gt=0, le=300)] = 15.0
+
+    @field_validator("slurm_extra_args")
+    @classmethod
+    def _check_extra_args(cls, value: str) -> str:
+        try:
+            shlex.split(value)
+        except ValueError as err:
+            raise ValueError(f"not a shell word list: {err}") from None
+        return value
 
     @field_validator("gpus")
     @classmethod
