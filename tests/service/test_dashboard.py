@@ -341,9 +341,9 @@ def test_the_job_page_downloads_a_finished_jobs_model(signed_in: Watched, served
     import tarfile
 
     page = signed_in.page
-    page.goto(served.url(f"/ui/jobs/{served.running['id']}"))
-    page.wait_for_selector("#cancel-job", state="visible")
-    assert page.locator("#download-model").is_hidden()  # running: no model yet
+    page.goto(served.url(f"/ui/jobs/{served.running['id']}"))  # running or cancelled by now
+    page.wait_for_function("document.title.startsWith('long running ·')")
+    assert page.locator("#download-model").is_hidden()  # it has no model
     job_id = served.finished["id"]
     page.goto(served.url(f"/ui/jobs/{job_id}"))
     page.wait_for_selector("#download-model", state="visible")
