@@ -209,6 +209,22 @@ TableSharding = Literal[
 ]
 
 
+class MlflowConfig(_Section):
+    """Export a run to an MLflow tracking server (``pip install .[mlflow]``); see
+    :mod:`dlrm_vrgd.tracking.mlflow_sink`. The run directory stays the record: a server that
+    cannot be reached is logged once and training goes on."""
+
+    #: ``http(s)://HOST:PORT``, ``sqlite:///PATH`` or ``file:PATH`` (MLflow's own URI forms).
+    tracking_uri: Annotated[str, Field(min_length=1)]
+    experiment: Annotated[str, Field(min_length=1)] = "dlrm-vrgd"
+    #: Where a newly created experiment keeps artifacts (None: the tracking server decides).
+    artifact_location: str | None = None
+    #: MLflow run name (None: the run directory's name).
+    run_name: str | None = None
+    #: Nest the run under this MLflow run (a study sets it for its cells).
+    parent_run_id: str | None = None
+
+
 class RunConfig(_Section):
     global_batch: PositiveInt = 8192
     micro_batch: PositiveInt = 1024
@@ -242,6 +258,10 @@ class RunConfig(_Section):
     #: Sharding types the planner may use for the tables (W > 1). row_wise needs a GPU.
     sharding: list[TableSharding] = Field(default_factory=lambda: ["table_wise"], min_length=1)
     collective_timeout_s: PositiveInt = 600
+    #: Write TensorBoard event files to ``tb/`` in the run directory (rank 0, off the step).
+    tensorboard: bool = True
+    #: Also export params, metrics and artifacts to MLflow (None: off).
+    mlflow: MlflowConfig | None = None
 
     @model_validator(mode="after")
     def _check_batch(self) -> RunConfig:
