@@ -113,6 +113,10 @@ class Worker:
         if self.failed is None:
             self._queue.put((fn, args, False))
 
+    def submit_always(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue a call that runs even after a failure (closing files)."""
+        self._queue.put((fn, args, True))
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every call queued so far has run; False on timeout."""
         done = threading.Event()
@@ -136,6 +140,9 @@ class Worker:
             try:
                 fn(*args)
             except Exception as err:
+                if self.failed is not None:  # logged once already
+                    logger.debug("%s: %s after the failure: %s", self.what, fn, err)
+                    continue
                 self.failed = err
                 logger.warning(
                     "%s failed, and stops for this run (the run directory stays the record): "

@@ -122,7 +122,7 @@ class TensorBoardSink(Sink):
         self._worker.submit(self._hparams, result, time.time())
 
     def close(self) -> None:
-        self._worker.submit(self._close)
+        self._worker.submit_always(self._close)
         self._worker.stop(timeout=60)
 
     def _metrics(self, record: dict[str, Any], wall: float) -> None:
