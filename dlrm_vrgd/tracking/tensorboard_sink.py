@@ -121,6 +121,10 @@ class TensorBoardSink(Sink):
     def finish(self, result: dict[str, Any]) -> None:
         self._worker.submit(self._hparams, result, time.time())
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every record handed over so far is written (benchmarks, tests)."""
+        return self._worker.wait(timeout)
+
     def close(self) -> None:
         self._worker.submit_always(self._close)
         self._worker.stop(timeout=60)
