@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 PIN    := -c requirements/constraints.txt
 
-.PHONY: setup demo test test-slow bench lint format clean
+.PHONY: setup demo test test-slow test-docker bench lint format clean
 
 setup: $(STAMP)
 
@@ -23,7 +23,11 @@ demo: setup
 	$(BIN)/dlrm-vrgd demo
 
 test: setup
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow and not docker" -q
+
+# The CPU image built and run with Compose (tests/deploy/test_image.py): needs Docker.
+test-docker: setup
+	$(BIN)/python -m pytest -m docker -q tests/deploy
 
 test-slow: setup
 	$(BIN)/python -m pytest -m slow -q

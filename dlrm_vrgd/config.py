@@ -153,6 +153,10 @@ class DenseOptimConfig(_Section):
     gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
     #: EMA factor of the ratio for vradam / vrlamb.
     gsnr_beta: Fraction = 0.9
+    #: Where vradam / vrlamb apply the ratio: ``gradient`` (the paper's: ``p̂⊙ḡ`` feeds both
+    #: moments) or ``update`` (the moments see ``ḡ``; Adam's step is scaled by ``p̂``). vrsgd and
+    #: vrlars are linear in ``ḡ``: both values mean the same for them.
+    gsnr_placement: Literal["gradient", "update"] = "gradient"
     trust_coefficient: Annotated[float, Field(gt=0.0)] = 0.001
 
     @model_validator(mode="after")
@@ -164,8 +168,11 @@ class DenseOptimConfig(_Section):
 
 class SparseOptimConfig(_Section):
     """Embedding-table optimizer: FBGEMM's fused EXACT_ROWWISE_ADAGRAD (``rowwise_adagrad``) or
-    EXACT_SGD (``sgd``); the ``gsnr_`` variants scale each row's gradient by its GSNR ratio
-    (DESIGN.md 4.3) with lower clip ``gamma`` and the ``step`` or ``ema`` estimator."""
+    EXACT_SGD (``sgd``); the ``gsnr_`` variants scale each row's step by its GSNR ratio
+    (DESIGN.md 4.3) with lower clip ``gamma`` and the ``step`` or ``ema`` estimator.
+    ``gsnr_placement: update`` (default) keeps the kernel's state on the unscaled gradient and
+    scales the row's step; ``gradient`` hands ``r_row·ḡ_row`` to the kernel (the first design,
+    whose damping row-wise Adagrad largely cancels; the same as ``update`` for ``sgd``)."""
 
     name: SparseOptimizerName = "rowwise_adagrad"
     lr: Annotated[float, Field(gt=0.0)] = 0.05
@@ -173,6 +180,7 @@ class SparseOptimConfig(_Section):
     gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
     estimator: Literal["step", "ema"] = "step"
     ema_beta: Fraction = 0.9
+    gsnr_placement: Literal["update", "gradient"] = "update"
     #: Rows replayed through the fused kernel per call (bounds transient memory).
     replay_chunk_rows: PositiveInt = 65_536
 

@@ -127,6 +127,25 @@ class TorchLookup:
     def device(self) -> torch.device:
         return self.module.weight.device
 
+    @property
+    def kernel(self) -> str:
+        return self.module.optimizer
+
+    @property
+    def eps(self) -> float:
+        return self.module.eps
+
+    def gather_rows(self, space: int, rows: torch.Tensor) -> torch.Tensor:
+        return self.module.weight.index_select(0, rows)
+
+    def scatter_rows(self, space: int, rows: torch.Tensor, values: torch.Tensor) -> None:
+        self.module.weight.index_copy_(0, rows, values)
+
+    def gather_states(self, space: int, rows: torch.Tensor) -> torch.Tensor | None:
+        if self.module.optimizer != "rowwise_adagrad":
+            return None
+        return self.module.momentum.index_select(0, rows)
+
     def apply_rows(
         self, rows: list[torch.Tensor], grads: list[torch.Tensor], lr: float, chunk_rows: int
     ) -> None:

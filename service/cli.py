@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,8 @@ def serve_main(
     print(f"dlrm-vrgd service: {url}/api/v1  (API docs {url}/docs)", file=sys.stderr)
     print(f"data directory: {settings.data_dir}", file=sys.stderr)
     if token.source == "environment":
-        print("token: from DLRM_VRGD_TOKEN", file=sys.stderr)
+        where = "DLRM_VRGD_TOKEN" if os.environ.get("DLRM_VRGD_TOKEN") else "a secret file"
+        print(f"token: from {where}", file=sys.stderr)
     else:
         print(
             f"token: {token.value}\n  ({token.source}; kept in {settings.token_path}; "

@@ -19,6 +19,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from service.jobs.gpus import GpuError, parse_gpu_spec
 
 ENV_PREFIX = "DLRM_VRGD_"
+#: Docker's secrets directory (Compose mounts file secrets there): a file named after a
+#: variable, e.g. ``dlrm_vrgd_token``, sets that field when the variable itself is unset, so
+#: a token given as a secret shows in no ``docker inspect``. Read only where it exists.
+SECRETS_DIR = Path("/run/secrets")
 #: Shortest bearer token accepted when the service listens beyond the loopback interface.
 MIN_PUBLIC_TOKEN_CHARS = 16
 
@@ -32,13 +36,19 @@ def default_data_dir() -> Path:
 class Settings(BaseSettings):
     """Service configuration; each field ``x`` is read from ``DLRM_VRGD_X``."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="ignore",
+        frozen=True,
+        secrets_dir=SECRETS_DIR if SECRETS_DIR.is_dir() else None,
+    )
 
     #: Where the SQLite store (``service.db``), the token and every job's directory live.
     data_dir: Path = Field(default_factory=default_data_dir)
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
-    #: Bearer token; when unset, one is generated, saved to ``DATA_DIR/token`` and printed.
+    #: Bearer token (``DLRM_VRGD_TOKEN``, else the secret file ``dlrm_vrgd_token``); when
+    #: unset, one is generated, saved to ``DATA_DIR/token`` and printed.
     token: SecretStr | None = None
     #: Jobs running at once; the rest wait in FIFO order. 0 holds every job in the queue.
     max_concurrent_jobs: Annotated[int, Field(ge=0)] = 1

@@ -86,6 +86,26 @@ def replay_rows(
             out.backward(grad_out)
 
 
+def space_buffers(
+    tbe: SplitTableBatchedEmbeddingBagsCodegen, layout: LookupLayout, space: RowSpace
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """Views ``(weights: size x dim, row states: size or None for SGD)`` of ``space``'s
+    consecutive tables in ``tbe``'s host memory, indexed by global row of the space; None
+    where the tables are not consecutive or the weights live on the device."""
+    first = space.tables[0]
+    if space.tables != tuple(range(first, first + len(space.tables))):
+        return None
+    if tbe.weights_host.numel() == 0:
+        return None
+    feature = layout.feature_table.index(first)
+    w0 = int(tbe.weights_offsets[feature])
+    weights = tbe.weights_host.data[w0 : w0 + space.size * space.dim].view(space.size, space.dim)
+    if tbe.optimizer == EmbOptimType.EXACT_SGD:
+        return weights, None
+    m0 = int(tbe.momentum1_offsets[feature])
+    return weights, tbe.momentum1_host.data[m0 : m0 + space.size]
+
+
 def space_view(
     tbe: SplitTableBatchedEmbeddingBagsCodegen, layout: LookupLayout, space: RowSpace
 ) -> SplitTableBatchedEmbeddingBagsCodegen | None:
@@ -94,17 +114,13 @@ def space_view(
     it *is* an update of ``tbe``. Its single table is the row space, so global row ``i`` of the
     space is its row ``i``. None where the tables are not consecutive in host memory (the
     general :func:`replay_rows` then applies)."""
-    first = space.tables[0]
-    if space.tables != tuple(range(first, first + len(space.tables))):
+    views = space_buffers(tbe, layout, space)
+    if views is None:
         return None
-    if tbe.weights_host.numel() == 0:  # device-resident weights
-        return None
-    feature = layout.feature_table.index(first)  # the TBE's offsets are per feature
-    w0 = int(tbe.weights_offsets[feature])
-    buffers = {"weights": tbe.weights_host.data[w0 : w0 + space.size * space.dim]}
-    if tbe.optimizer != EmbOptimType.EXACT_SGD:
-        m0 = int(tbe.momentum1_offsets[feature])
-        buffers["momentum1"] = tbe.momentum1_host.data[m0 : m0 + space.size]
+    weights, states = views
+    buffers = {"weights": weights.view(-1)}
+    if states is not None:
+        buffers["momentum1"] = states
     return SplitTableBatchedEmbeddingBagsCodegen(
         [(space.size, space.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
         optimizer=tbe.optimizer,
@@ -164,10 +180,68 @@ class TBELookup:
         self.capture = LookupCapture(tbe, layout, pooling, groups_per_call, weighted)
         self._views: list[SplitTableBatchedEmbeddingBagsCodegen | None] = []
         self._views_key = -1
+        self._buffers: list[tuple[torch.Tensor, torch.Tensor | None] | None] = []
+        self._buffers_key = -1
 
     @property
     def device(self) -> torch.device:
         return self.tbe.current_device
+
+    @property
+    def kernel(self) -> str:
+        return "sgd" if self.tbe.optimizer == EmbOptimType.EXACT_SGD else "rowwise_adagrad"
+
+    @property
+    def eps(self) -> float:
+        return float(self.tbe.optimizer_args.eps)
+
+    def _space_buffers(self, space: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        key = self.tbe.weights_host.data_ptr()
+        if self._buffers_key != key:
+            layout = self.capture.layout
+            self._buffers = [space_buffers(self.tbe, layout, sp) for sp in layout.spaces]
+            self._buffers_key = key
+        return self._buffers[space]
+
+    def _per_table(
+        self, space: int, rows: torch.Tensor, tensors: list[torch.Tensor]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``(selection of rows, table-local rows, table tensor)`` per table of the space."""
+        sp = self.capture.layout.spaces[space]
+        ix = sp.table_index(rows)
+        out = []
+        for i, t in enumerate(sp.tables):
+            sel = (ix == i).nonzero().squeeze(1)
+            out.append((sel, rows[sel] - sp.offsets[i], tensors[t]))
+        return out
+
+    def gather_rows(self, space: int, rows: torch.Tensor) -> torch.Tensor:
+        buffers = self._space_buffers(space)
+        if buffers is not None:
+            return buffers[0].index_select(0, rows)
+        out = torch.empty(rows.numel(), self.capture.layout.spaces[space].dim, device=rows.device)
+        for sel, local, w in self._per_table(space, rows, self.table_weights()):
+            out[sel] = w.index_select(0, local)
+        return out
+
+    def scatter_rows(self, space: int, rows: torch.Tensor, values: torch.Tensor) -> None:
+        buffers = self._space_buffers(space)
+        if buffers is not None:
+            buffers[0].index_copy_(0, rows, values)
+            return
+        for sel, local, w in self._per_table(space, rows, self.table_weights()):
+            w.index_copy_(0, local, values[sel])
+
+    def gather_states(self, space: int, rows: torch.Tensor) -> torch.Tensor | None:
+        if self.kernel == "sgd":
+            return None
+        buffers = self._space_buffers(space)
+        if buffers is not None and buffers[1] is not None:
+            return buffers[1].index_select(0, rows)
+        out = torch.empty(rows.numel(), device=rows.device)
+        for sel, local, st in self._per_table(space, rows, self.row_states()):
+            out[sel] = st.reshape(-1).index_select(0, local)
+        return out
 
     def apply_rows(
         self, rows: list[torch.Tensor], grads: list[torch.Tensor], lr: float, chunk_rows: int

@@ -111,7 +111,8 @@ def build_dense_optimizer(
                 **common,
             )
         elif cfg.name == "vradam":
-            opt = VRAdam(named, betas=cfg.betas, eps=cfg.eps, gsnr_beta=cfg.gsnr_beta, **common)
+            opt = VRAdam(named, betas=cfg.betas, eps=cfg.eps, gsnr_beta=cfg.gsnr_beta,
+                         placement=cfg.gsnr_placement, **common)  # fmt: skip
         elif cfg.name == "vrlars":
             opt = VRLARS(
                 named,
@@ -121,7 +122,8 @@ def build_dense_optimizer(
                 **common,
             )
         else:
-            opt = VRLAMB(named, betas=cfg.betas, eps=cfg.eps, gsnr_beta=cfg.gsnr_beta, **common)
+            opt = VRLAMB(named, betas=cfg.betas, eps=cfg.eps, gsnr_beta=cfg.gsnr_beta,
+                         placement=cfg.gsnr_placement, **common)  # fmt: skip
         for group in opt.param_groups:
             group.setdefault("initial_lr", group["lr"])
         return opt

@@ -19,6 +19,7 @@ Nothing returned is ever NaN or Inf.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -199,3 +200,15 @@ def rowwise_ratio(
         return normalize_clip(ones, ones.bool(), gamma, segments, num_segments)
     r, degenerate = raw_gsnr(*row_moments(grad_sum, sq_sum, k))
     return normalize_clip(r, degenerate, gamma, segments, num_segments)
+
+
+def step_ratio_summary(actual: torch.Tensor, plain: torch.Tensor) -> dict[str, float | None]:
+    """The realised step ratio ``actual / plain`` (step sizes: per element or per row, >= 0)
+    over the entries that the plain step moves: its mean and 10th percentile
+    (``step_ratio_mean``, ``step_ratio_p10``; None when nothing moves)."""
+    live = plain > 0
+    if not bool(live.any()):
+        return {"step_ratio_mean": None, "step_ratio_p10": None}
+    ratio = (actual[live] / plain[live]).double()
+    p10 = torch.kthvalue(ratio, max(1, math.ceil(0.1 * ratio.numel()))).values
+    return {"step_ratio_mean": float(ratio.mean()), "step_ratio_p10": float(p10)}

@@ -7,10 +7,21 @@ touched in the step, the mean row gradient over the ``k`` groups
 
     ḡ_row = (1/k) Σ_d g_{d,row}        (g_{d,row} = 0 for groups that did not touch the row)
 
-and hands it — scaled by the row's GSNR ratio when GSNR is on — to the table's fused kernel
-(FBGEMM EXACT_ROWWISE_ADAGRAD / EXACT_SGD), which updates each touched row exactly once. Since
-every group's loss is the mean over its own ``B`` rows, ``ḡ`` is the gradient of the mean loss
-over the whole global batch.
+and hands it to the table's fused kernel (FBGEMM EXACT_ROWWISE_ADAGRAD / EXACT_SGD), which
+updates each touched row exactly once. Since every group's loss is the mean over its own ``B``
+rows, ``ḡ`` is the gradient of the mean loss over the whole global batch.
+
+With GSNR on, the row's ratio ``r_row ∈ [γ, 1]`` acts in one of two places (``placement``):
+
+* ``"update"`` (the default, DESIGN.md 4.3): the kernel gets the unscaled ``ḡ_row``, so the
+  optimizer state accumulates the plain gradient, and the row's step is then scaled:
+  ``w = w_before + r_row · (w_after − w_before)``. For row-wise Adagrad that is
+  ``s_row += mean_D(ḡ_row²)``, ``w_row −= lr · r_row · ḡ_row / (√s_row + ε)`` — every touched row
+  moves by exactly ``r_row`` times its plain step. Cost: two gathers and one scatter of the
+  touched rows (``O(U x D)``).
+* ``"gradient"`` (the first design, kept for comparison): the kernel gets ``r_row · ḡ_row``.
+  Row-wise Adagrad's normalization then largely cancels the ratio (on a row's first update
+  ``u / √mean(u²)`` does not depend on ``r``). For EXACT_SGD the two placements are the same.
 
 Memory: an ``int32`` slot per table row (the size of the row-wise Adagrad state), two floats
 per row for the EMA estimator, plus ``O(touched rows x D)`` for the step's sums.
@@ -31,9 +42,11 @@ from dlrm_vrgd.optim.gsnr import (
     row_moments,
     row_sq_norm,
     rowwise_ratio,
+    step_ratio_summary,
 )
 
 Estimator = Literal["step", "ema"]
+Placement = Literal["update", "gradient"]
 
 
 logger = logging.getLogger(__name__)
@@ -53,11 +66,30 @@ class RowwiseLookup(Protocol):
     @property
     def table_rows(self) -> list[int]: ...
 
+    @property
+    def kernel(self) -> str:
+        """The row-wise update: ``"rowwise_adagrad"`` or ``"sgd"``."""
+        ...
+
+    @property
+    def eps(self) -> float: ...
+
     def apply_rows(
         self, rows: list[torch.Tensor], grads: list[torch.Tensor], lr: float, chunk_rows: int
     ) -> None:
         """Update global rows ``rows[s]`` (unique) of row space ``s`` of the lookup's layout by
         ``grads[s]`` through the lookup's row-wise optimizer at learning rate ``lr``."""
+
+    def gather_rows(self, space: int, rows: torch.Tensor) -> torch.Tensor:
+        """A copy of the weights of global rows ``rows`` of row space ``space`` (U x D)."""
+        ...
+
+    def scatter_rows(self, space: int, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """Overwrite the weights of global rows ``rows`` of row space ``space`` (U x D)."""
+
+    def gather_states(self, space: int, rows: torch.Tensor) -> torch.Tensor | None:
+        """A copy of the row-wise Adagrad sums of ``rows`` (U), None for SGD."""
+        ...
 
 
 class RowAccumulator:
@@ -132,10 +164,11 @@ class RowAccumulator:
 
 @dataclass
 class RowStep:
-    """One step of one table: the touched ``rows`` (U, sorted), the gradient handed to the
-    fused kernel ``update = r_row · ḡ_row`` (U x D), raw GSNR ``raw`` and final ``ratio`` (both
-    U; 1 without GSNR). The last step's are kept in ``last_rows`` when ``record_rows`` is set,
-    for inspection."""
+    """One step of one table: the touched ``rows`` (U, sorted, table-local), the gradient
+    handed to the fused kernel ``update`` (U x D: ``ḡ_row`` under the ``update`` placement,
+    ``r_row · ḡ_row`` under ``gradient``), raw GSNR ``raw`` and final ``ratio`` (both U; 1
+    without GSNR). The last step's are kept in ``last_rows`` when ``record_rows`` is set, for
+    inspection."""
 
     rows: torch.Tensor
     update: torch.Tensor
@@ -143,13 +176,29 @@ class RowStep:
     ratio: torch.Tensor
 
 
+def plain_step_norm(
+    kernel: str, lr: float, eps: float, grad: torch.Tensor, state: torch.Tensor | None
+) -> torch.Tensor:
+    """``‖Δw_row‖`` of the fused kernel's plain update of each row by ``grad`` (U x D) from row
+    state ``state`` (U, the Adagrad sums before the step): row-wise Adagrad
+    ``lr·‖g‖/(√(s + mean_D g²) + ε)``, SGD ``lr·‖g‖`` (the kernels' own rules, see
+    :mod:`dlrm_vrgd.torch_model`)."""
+    norm = torch.linalg.vector_norm(grad, dim=1)
+    if kernel == "sgd" or state is None:
+        return lr * norm
+    return lr * norm / ((state + grad.square().mean(dim=1)).sqrt() + eps)
+
+
 class SparseRowwiseOptimizer:
     """One row-wise update of every touched embedding row per global step, optionally scaled by
     the row's gradient signal-to-noise ratio (DESIGN.md 4.3).
 
-    With ``gsnr=True`` the fused kernel receives ``r_row · ḡ_row`` instead of ``ḡ_row``, where
-    ``r_row`` is :func:`~dlrm_vrgd.optim.gsnr.rowwise_ratio`: normalized over the table's touched
-    rows and clipped to ``[γ, 1]``. Two estimators of the raw ratio ``‖ḡ‖² / σ²``:
+    With ``gsnr=True`` every touched row's ratio ``r_row`` (:func:`~dlrm_vrgd.optim.gsnr.
+    rowwise_ratio`: normalized over the table's touched rows and clipped to ``[γ, 1]``) scales
+    the row's step (``placement="update"``: the row moves by exactly ``r_row`` times the fused
+    kernel's plain step, whose state sees the unscaled ``ḡ_row``) or the gradient handed to the
+    kernel (``placement="gradient"``; see the module doc). Two estimators of the raw ratio
+    ``‖ḡ‖² / σ²``:
 
     * ``"step"``: this step's groups only. A row touched by one group has raw ratio ``1/(k−1)``.
     * ``"ema"``: per-row exponential averages (factor ``ema_beta``) of the two row scalars
@@ -161,7 +210,8 @@ class SparseRowwiseOptimizer:
         lookups: embedding collections whose lookups are captured (:class:`RowwiseLookup`).
         lr: learning rate handed to the fused kernel (``param_groups[0]["lr"]``, so schedules
             set it like a ``torch.optim`` optimizer's).
-        gsnr: scale each row's gradient by its ratio; ``gamma``: lower clip (1 = no damping).
+        gsnr: scale each row's step by its ratio; ``gamma``: lower clip (1 = no damping).
+        placement: ``"update"`` or ``"gradient"`` (see above).
         estimator, ema_beta: see above.
         chunk_rows: rows per replay call of the fused kernel.
         groups_per_collect: groups contributed by one :meth:`collect` (1 on one process; the
@@ -175,6 +225,7 @@ class SparseRowwiseOptimizer:
         *,
         gsnr: bool = False,
         gamma: float = 0.1,
+        placement: Placement = "update",
         estimator: Estimator = "step",
         ema_beta: float = 0.9,
         chunk_rows: int = 65_536,
@@ -184,6 +235,8 @@ class SparseRowwiseOptimizer:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"Invalid gamma: {gamma} (must be in (0, 1])")
+        if placement not in ("update", "gradient"):
+            raise ValueError(f"Invalid placement: {placement!r} (update or gradient)")
         if estimator not in ("step", "ema"):
             raise ValueError(f"Invalid estimator: {estimator!r} (step or ema)")
         if not 0.0 <= ema_beta < 1.0:
@@ -194,11 +247,15 @@ class SparseRowwiseOptimizer:
         self.param_groups: list[dict[str, Any]] = [{"lr": lr, "initial_lr": lr}]
         self.gsnr = gsnr
         self.gamma = gamma
+        self.placement: Placement = placement
         self.estimator: Estimator = estimator
         self.ema_beta = ema_beta
         self.chunk_rows = chunk_rows
         self.groups_per_collect = groups_per_collect
         self.record_rows = False
+        #: Measure the realised step ratio ‖actual step‖ / ‖plain step‖ per row in the next
+        #: step (set by the trainer on the steps whose GSNR it records).
+        self.measure_steps = True
         self.last_rows: list[list[RowStep]] = []
         self.k = 0
         # per lookup, per row space (tables sharing a dim): the step's sums
@@ -254,19 +311,68 @@ class SparseRowwiseOptimizer:
             layout = lookup.capture.layout
             per_table: list[RowStep | None] = [None] * len(layout.table_dims)
             entries: list[dict[str, Any]] = [{} for _ in layout.table_dims]
-            rows, updates = [], []
+            rows, updates, ratios = [], [], []
             for s, (space, acc) in enumerate(zip(layout.spaces, accs, strict=True)):
-                r, u = self._step_space(li, s, space, acc, per_table, entries)
+                r, u, ratio = self._step_space(li, s, space, acc, per_table, entries)
                 rows.append(r)
                 updates.append(u)
-            with torch.enable_grad():
-                lookup.apply_rows(rows, updates, lr, self.chunk_rows)
+                ratios.append(ratio)
+            self._apply(lookup, rows, updates, ratios, lr, entries)
             for name, entry in zip(lookup.table_names, entries, strict=True):
                 summary.append({"table": name, **entry})
             recorded.append(per_table)  # type: ignore[arg-type]
         self._last_summary = summary
         self.last_rows = recorded if self.record_rows else []
         self.k = 0
+
+    def _apply(
+        self,
+        lookup: RowwiseLookup,
+        rows: list[torch.Tensor],
+        updates: list[torch.Tensor],
+        ratios: list[torch.Tensor],
+        lr: float,
+        entries: list[dict[str, Any]],
+    ) -> None:
+        """Run the fused kernel on every row space's rows and, under the ``update`` placement,
+        scale each row's step by its ratio: ``w = w_before + r_row · (w_after − w_before)``
+        (rows at ratio 1 keep the kernel's result bit for bit). With ``measure_steps``, adds
+        the realised step ratio of every table to ``entries``."""
+        blend = self.gsnr and self.placement == "update" and self.gamma < 1.0
+        measure = self.gsnr and self.measure_steps
+        before: list[torch.Tensor | None] = [None] * len(rows)
+        states: list[torch.Tensor | None] = [None] * len(rows)
+        if blend or measure:
+            for s, r in enumerate(rows):
+                before[s] = lookup.gather_rows(s, r)
+                if measure and not blend:
+                    states[s] = lookup.gather_states(s, r)
+        with torch.enable_grad():
+            lookup.apply_rows(rows, updates, lr, self.chunk_rows)
+        if not (blend or measure):
+            return
+        layout = lookup.capture.layout
+        for s, (space, r, ratio) in enumerate(zip(layout.spaces, rows, ratios, strict=True)):
+            w0 = before[s]
+            assert w0 is not None
+            w1 = lookup.gather_rows(s, r)
+            delta = w1 - w0
+            if blend:
+                final = torch.where((ratio < 1.0)[:, None], w0 + ratio[:, None] * delta, w1)
+                lookup.scatter_rows(s, r, final)
+            if not measure:
+                continue
+            if blend:
+                actual = torch.linalg.vector_norm(final - w0, dim=1)
+                plain = torch.linalg.vector_norm(delta, dim=1)
+            else:
+                actual = torch.linalg.vector_norm(delta, dim=1)
+                mean = updates[s] / ratio[:, None]  # the unscaled ḡ_row (ratio >= γ > 0)
+                plain = plain_step_norm(lookup.kernel, lr, lookup.eps, mean, states[s])
+            table_ix = space.table_index(r)
+            for i, t in enumerate(space.tables):
+                sel = table_ix == i
+                entries[t].update(step_ratio_summary(actual[sel], plain[sel]))
 
     def _step_space(
         self,
@@ -276,11 +382,12 @@ class SparseRowwiseOptimizer:
         acc: RowAccumulator,
         per_table: list[RowStep | None],
         entries: list[dict[str, Any]],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ratio and update ``r_row · ḡ_row`` of every touched row of one row space, computed
-        in place in the accumulator's buffer (no copy of the ``U x D`` sums): returns
-        ``(global rows, updates)`` and fills the per-table telemetry (and, with
-        ``record_rows``, the per-table :class:`RowStep`)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Ratio and kernel input of every touched row of one row space — ``ḡ_row`` (``update``
+        placement, or no GSNR) or ``r_row · ḡ_row`` (``gradient``) — computed in place in the
+        accumulator's buffer (no copy of the ``U x D`` sums): returns ``(global rows, kernel
+        input, ratio)`` and fills the per-table telemetry (and, with ``record_rows``, the
+        per-table :class:`RowStep`)."""
         k = self.k
         rows, grad_sum, sq_sum, n_groups = acc.drain()
         table_ix = space.table_index(rows)
@@ -298,12 +405,17 @@ class SparseRowwiseOptimizer:
                     raw, degenerate = self._smoothed(li, s, rows, *row_moments(grad_sum, sq_sum, k))
                 ratio, seg = normalize_clip(raw, degenerate, self.gamma, table_ix, n_tables)
             stats = seg.as_dicts()
-        update = grad_sum.mul_((ratio / k)[:, None])  # r_row · ḡ_row, in place
+        if self.gsnr and self.placement == "gradient":
+            update = grad_sum.mul_((ratio / k)[:, None])  # r_row · ḡ_row, in place
+        else:
+            update = grad_sum.div_(k)  # ḡ_row, in place
         counts = torch.bincount(table_ix, minlength=n_tables).tolist()
         multi = torch.zeros(n_tables, dtype=torch.int64, device=rows.device)
         multi.index_add_(0, table_ix, (n_groups >= 2).to(torch.int64))
         for i, t in enumerate(space.tables):
             entries[t] = {"touched_rows": counts[i], "multi_group_rows": int(multi[i]), **stats[i]}
+            if self.gsnr:
+                entries[t]["placement"] = self.placement
         if self.record_rows:
             order = torch.argsort(rows)
             starts = torch.tensor(space.offsets[:-1], dtype=torch.int64, device=rows.device)
@@ -318,17 +430,21 @@ class SparseRowwiseOptimizer:
             )
             for t, r, u, rw, rt in parts:
                 per_table[t] = RowStep(r, u, rw, rt)
-        return rows, update
+        return rows, update, ratio
 
     def summary(self) -> list[dict[str, Any]]:
         """Per-table figures of the last step: touched rows, rows seen in >= 2 groups and, with
-        GSNR, mean raw GSNR, mean clipped ratio, fraction clipped at γ, fraction degenerate."""
+        GSNR, mean raw GSNR, mean clipped ratio, fraction clipped at γ, fraction degenerate, the
+        placement and (on measured steps) the realised step ratio ``‖actual step‖ / ‖plain
+        step from the same state‖`` over touched rows (``step_ratio_mean``,
+        ``step_ratio_p10``)."""
         return self._last_summary
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "param_groups": [dict(g) for g in self.param_groups],
             "estimator": self.estimator if self.gsnr else None,
+            "placement": self.placement if self.gsnr else None,
             "ema": [[(s.clone(), q.clone()) for s, q in tables] for tables in self._ema],
         }
 

@@ -9,17 +9,29 @@ ratio ``r`` of :func:`~dlrm_vrgd.optim.gsnr.gsnr_ratio` per tensor, and updates:
 
 * :class:`VRSGD`: ``u = r⊙ḡ``, then exactly ``torch.optim.SGD`` on ``u`` (weight decay,
   momentum, dampening, Nesterov): ``b = μb + (1−τ)(u + wd·θ)``, ``θ −= lr·b``.
-* :class:`VRAdam`: ``p = β₃p + (1−β₃)r``, ``p̂ = p/(1−β₃ᵗ)``, ``g' = p̂⊙ḡ`` feeds both moments of
-  exactly ``torch.optim.AdamW`` (decoupled weight decay); the update itself is not rescaled.
+* :class:`VRAdam`: ``p = β₃p + (1−β₃)r``, ``p̂ = p/(1−β₃ᵗ)``. ``placement="gradient"`` (the
+  paper's): ``g' = p̂⊙ḡ`` feeds both moments of exactly ``torch.optim.AdamW`` (decoupled weight
+  decay) and the update itself is not rescaled — Adam's ``m̂/√v̂`` cancels any scale that is
+  constant over time, so the ratio acts only through how ``p̂`` varies. ``placement="update"``:
+  the moments see ``ḡ`` and the step is ``lr·p̂⊙m̂/(√v̂+ε)`` (plus AdamW's decay), so every
+  element moves by ``p̂ ∈ [γ, 1]`` times Adam's own step from the same state.
 * :class:`VRLARS`: ``u = r⊙ḡ``; trust ratio ``tr = η‖θ‖/(‖u‖ + wd‖θ‖ + ε)`` for weights (1 for
   1-D parameters, or when a norm is 0); ``u += wd·θ``; ``b = μb + lr·tr·u``; ``θ −= b``.
-* :class:`VRLAMB`: VRAdam's moments on ``g'``, ``u = m̂/(√v̂ + ε) + wd·θ``,
-  ``θ −= lr·(‖θ‖/‖u‖)·u`` (ratio 1 if a norm is 0).
+* :class:`VRLAMB`: VRAdam's moments and placement, ``u = m̂/(√v̂ + ε) + wd·θ`` (``update``:
+  ``u = p̂⊙m̂/(√v̂ + ε) + wd·θ``), ``θ −= lr·(‖θ‖/‖u‖)·u`` (ratio 1 if a norm is 0). The trust
+  ratio undoes any scale shared by a whole tensor, so under ``update`` only the spread of
+  ``p̂`` within a tensor changes the step.
+
+VR-SGD and VR-LARS are linear in ``ḡ``: they have one placement (the ratio scales ``ḡ``, never
+the weight decay).
 
 With ``γ = 1`` the ratio is identically 1 and each reduces to its base optimizer; a step in
 which every param group has ``γ = 1`` skips the second-moment sums and the ratio altogether.
 With fewer than two groups in a step the ratio is 1 as well, and a warning is logged once.
-After each step, :meth:`gsnr_summary` gives per-tensor figures for the metrics stream.
+After each step, :meth:`gsnr_summary` gives per-tensor figures for the metrics stream; on steps
+with ``measure_steps`` set they include the realised step ratio ``|actual step| / |plain step|``
+per element, where the plain step is the same optimizer's update from the same state with the
+ratio left out (one extra update, computed and undone).
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ from torch.optim import Optimizer
 from torch.optim.adam import adam as adam_update
 from torch.optim.sgd import sgd as sgd_update
 
-from dlrm_vrgd.optim.gsnr import gsnr_ratios
+from dlrm_vrgd.optim.gsnr import gsnr_ratios, step_ratio_summary
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +91,9 @@ class GroupGSNROptimizer(Optimizer):
         self._with_sq = True
         self._stats: list[tuple[str, int, dict[str, float] | None]] = []
         self._warned_single_group = False
+        #: Measure the realised step ratio in the next step (the trainer sets it on the steps
+        #: whose GSNR it records; it costs one extra update).
+        self.measure_steps = True
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -188,9 +203,17 @@ class GroupGSNROptimizer(Optimizer):
                 )
                 ratios = [r.to(p.dtype) for r, p in zip(parts, params, strict=True)]
                 stats = list(seg.as_dicts())
+            measured = [st for st in stats if st is not None]
+            if self.measure_steps and measured:
+                realised = self._measured_update(group, params, means, ratios)
+                measured = [{**st, **r} for st, r in zip(measured, realised, strict=True)]
+            else:
+                self._update(group, params, means, ratios)
+            if measured:
+                extra = self._scale_stats() or [{}] * len(measured)
+                stats = [{**st, **e} for st, e in zip(measured, extra, strict=True)]
             for (name, p), st in zip(present, stats, strict=True):
                 self._stats.append((name, p.numel(), st))
-            self._update(group, params, means, ratios)
         self._sums.clear()
         self._sqs.clear()
         self._k = 0
@@ -212,6 +235,33 @@ class GroupGSNROptimizer(Optimizer):
         """Update ``params`` of ``group`` from ``ḡ`` (``means``) and ``r`` (None means 1)."""
         raise NotImplementedError
 
+    def _scale_stats(self) -> list[dict[str, float]]:
+        """Extra per-tensor figures of the update just made (none here; VRAdam adds the mean
+        of ``p̂``, the scale it applied)."""
+        return []
+
+    def _measured_update(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        means: list[Tensor],
+        ratios: list[Tensor | None],
+    ) -> list[dict[str, float | None]]:
+        """The update, plus the realised step ratio of each tensor: the plain update (ratio 1)
+        is made first from a copy of the state and undone, then the real one."""
+        before = [p.detach().clone() for p in params]
+        saved = [_clone_state(self.state[p]) for p in params]
+        self._update(group, params, means, [None] * len(params))
+        plain = [p.detach() - b for p, b in zip(params, before, strict=True)]
+        for p, b, st in zip(params, before, saved, strict=True):
+            p.copy_(b)
+            self.state[p] = st
+        self._update(group, params, means, ratios)
+        return [
+            step_ratio_summary((p.detach() - b).abs(), d.abs())
+            for p, b, d in zip(params, before, plain, strict=True)
+        ]
+
     # ----------------------------------------------------------------- telemetry
     def gsnr_summary(self) -> list[dict[str, Any]]:
         """Per tensor of the last step: name, numel, mean raw GSNR, mean clipped ratio,
@@ -221,6 +271,10 @@ class GroupGSNROptimizer(Optimizer):
             {"name": n, "numel": numel, **(s if s is not None else unmeasured)}
             for n, numel, s in self._stats
         ]
+
+
+def _clone_state(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.clone() if isinstance(v, Tensor) else v for k, v in state.items()}
 
 
 def _scaled(mean: Tensor, ratio: Tensor | None) -> Tensor:
@@ -298,8 +352,14 @@ def _adam_state(state: dict[str, Any], p: Tensor) -> dict[str, Any]:
     return state
 
 
+def _check_placement(placement: str) -> None:
+    if placement not in ("gradient", "update"):
+        raise ValueError(f"Invalid placement: {placement!r} (gradient or update)")
+
+
 class VRAdam(GroupGSNROptimizer):
-    """AdamW whose moments see ``g' = p̂⊙ḡ`` (see module doc)."""
+    """AdamW with the GSNR ratio's EMA ``p̂`` on the moments' input (``placement="gradient"``,
+    ``g' = p̂⊙ḡ``) or on the step (``"update"``, ``lr·p̂⊙m̂/(√v̂+ε)``); see the module doc."""
 
     def __init__(
         self,
@@ -310,12 +370,14 @@ class VRAdam(GroupGSNROptimizer):
         weight_decay: float = 0.0,
         gamma: float = 0.1,
         gsnr_beta: float = 0.9,
+        placement: str = "gradient",
         *,
         process_group: dist.ProcessGroup | None = None,
         foreach: bool = True,
     ) -> None:
         _check_common(lr, weight_decay, gamma)
         _check_betas(betas, gsnr_beta, eps)
+        _check_placement(placement)
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
@@ -323,15 +385,35 @@ class VRAdam(GroupGSNROptimizer):
             weight_decay=weight_decay,
             gamma=gamma,
             gsnr_beta=gsnr_beta,
+            placement=placement,
         )
         super().__init__(params, defaults, process_group, foreach)
+        self._scales: list[Tensor | None] = []
 
-    def _update(self, group, params, means, ratios) -> None:
-        grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
-        for p, m, r in zip(params, means, ratios, strict=True):
+    def _scale_stats(self) -> list[dict[str, float]]:
+        if any(s is None for s in self._scales):
+            return []
+        return [{"scale": float(s.mean())} for s in self._scales if s is not None]
+
+    def _ratio_emas(self, group, params, ratios) -> list[Tensor | None]:
+        """Advance Adam's step count and the ratio's EMA; ``p̂`` per parameter (None: r ≡ 1)."""
+        scales = []
+        for p, r in zip(params, ratios, strict=True):
             state = _adam_state(self.state[p], p)
             t = int(state["step"].item()) + 1
-            grads.append(_scaled(m, _gsnr_ema(state, r, group["gsnr_beta"], t)))
+            scales.append(_gsnr_ema(state, r, group["gsnr_beta"], t))
+        self._scales = scales
+        return scales
+
+    def _update(self, group, params, means, ratios) -> None:
+        scales = self._ratio_emas(group, params, ratios)
+        if group.get("placement", "gradient") == "update" and scales[0] is not None:
+            self._update_scaled_step(group, params, means, scales)
+            return
+        grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
+        for p, m, scale in zip(params, means, scales, strict=True):
+            state = self.state[p]
+            grads.append(_scaled(m, scale))
             exp_avgs.append(state["exp_avg"])
             exp_avg_sqs.append(state["exp_avg_sq"])
             steps.append(state["step"])
@@ -353,6 +435,22 @@ class VRAdam(GroupGSNROptimizer):
             eps=group["eps"],
             maximize=False,
         )
+
+    def _update_scaled_step(self, group, params, means, scales) -> None:
+        """``placement="update"``: AdamW (as ``torch.optim.AdamW``'s single-tensor rule) on the
+        unscaled ``ḡ``, its step ``lr·m̂/(√v̂+ε)`` scaled element-wise by ``p̂``."""
+        beta1, beta2 = group["betas"]
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        for p, g, scale in zip(params, means, scales, strict=True):
+            state = self.state[p]
+            state["step"] += 1
+            t = int(state["step"].item())
+            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+            p.mul_(1.0 - lr * wd)
+            exp_avg.lerp_(g, 1.0 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+            denom = (exp_avg_sq.sqrt() / math.sqrt(1.0 - beta2**t)).add_(eps)
+            p.addcdiv_(exp_avg * scale, denom, value=-lr / (1.0 - beta1**t))
 
 
 class VRLARS(GroupGSNROptimizer):
@@ -418,6 +516,7 @@ class VRLAMB(VRAdam):
         weight_decay: float = 0.0,
         gamma: float = 0.1,
         gsnr_beta: float = 0.9,
+        placement: str = "gradient",
         *,
         process_group: dist.ProcessGroup | None = None,
         foreach: bool = True,
@@ -430,23 +529,28 @@ class VRLAMB(VRAdam):
             weight_decay,
             gamma,
             gsnr_beta,
+            placement,
             process_group=process_group,
             foreach=foreach,
         )
 
     def _update(self, group, params, means, ratios) -> None:
         beta1, beta2 = group["betas"]
-        for p, m, r in zip(params, means, ratios, strict=True):
-            state = _adam_state(self.state[p], p)
+        on_step = group.get("placement", "gradient") == "update"
+        scales = self._ratio_emas(group, params, ratios)
+        for p, m, scale in zip(params, means, scales, strict=True):
+            state = self.state[p]
             state["step"] += 1
             t = int(state["step"].item())
-            g = _scaled(m, _gsnr_ema(state, r, group["gsnr_beta"], t))
+            g = m if on_step else _scaled(m, scale)
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
             exp_avg.lerp_(g, 1.0 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
             m_hat = exp_avg / (1.0 - beta1**t)
             v_hat = exp_avg_sq / (1.0 - beta2**t)
             u = m_hat / (v_hat.sqrt() + group["eps"])
+            if on_step and scale is not None:
+                u.mul_(scale)
             if group["weight_decay"]:
                 u.add_(p, alpha=group["weight_decay"])
             w_norm, u_norm = float(p.norm()), float(u.norm())

@@ -29,6 +29,7 @@ from dlrm_vrgd.model import build_model, table_specs
 from dlrm_vrgd.optim.dense import build_dense_optimizer
 from dlrm_vrgd.optim.schedule import batch_scale, lr_factor
 from dlrm_vrgd.optim.sparse import SparseRowwiseOptimizer
+from dlrm_vrgd.optim.vrgd import GroupGSNROptimizer
 from dlrm_vrgd.tracking import run_sinks
 from dlrm_vrgd.train import checkpoint as ckpt
 from dlrm_vrgd.train import rundir
@@ -139,6 +140,7 @@ class Trainer:
             lr=sparse.lr,
             gsnr=sparse.gsnr,
             gamma=sparse.gamma,
+            placement=sparse.gsnr_placement,
             estimator=sparse.estimator,
             ema_beta=sparse.ema_beta,
             chunk_rows=sparse.replay_chunk_rows,
@@ -170,6 +172,11 @@ class Trainer:
         step = self.step
         lr_dense, lr_sparse = self.set_learning_rates(step)
         self.model.train()
+        # the realised step ratio costs a second (plain) update: only on recorded GSNR steps
+        measure = step == 0 or (step + 1) % self.cfg.run.gsnr_every == 0
+        self.sparse_opt.measure_steps = measure
+        if isinstance(self.dense_opt, GroupGSNROptimizer):
+            self.dense_opt.measure_steps = measure
         t0 = time.perf_counter()
         losses = []
         for j in range(self.A):
@@ -503,6 +510,12 @@ def _write_result(
                 "dense": cfg.optim.dense.name,
                 "sparse": sparse.name,
                 "sparse_gsnr_estimator": sparse.estimator if sparse.gsnr else None,
+                "sparse_gsnr_placement": sparse.gsnr_placement if sparse.gsnr else None,
+                "dense_gsnr_placement": (
+                    cfg.optim.dense.gsnr_placement
+                    if cfg.optim.dense.name in ("vradam", "vrlamb")
+                    else None
+                ),
             },
             "config": cfg.to_dict(),
             "versions": _versions(),

@@ -16,7 +16,8 @@ DOCKERFILES = {"gpu": DOCKER / "Dockerfile.gpu", "cpu": DOCKER / "Dockerfile.cpu
 COMPOSE = DOCKER / "docker-compose.yml"
 MULTINODE = DOCKER / "docker-compose.multinode.yml"
 WORKER = DOCKER / "docker-compose.worker.yml"
-COMPOSE_FILES = (COMPOSE, MULTINODE, WORKER)
+CPU_COMPOSE = DOCKER / "docker-compose.cpu.yml"
+COMPOSE_FILES = (COMPOSE, MULTINODE, WORKER, CPU_COMPOSE)
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,16 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
 from service.jobs.files import JobFiles
 from service.jobs.kinds import train_command
-from service.settings import Settings
+from service.settings import SECRETS_DIR, Settings
 
 from .conftest import (
     COMPOSE,
     COMPOSE_FILES,
+    CPU_COMPOSE,
     DOCKER,
     MULTINODE,
     ROOT,
@@ -58,6 +60,7 @@ def test_compose_files_validate_against_the_compose_schema(path: Path) -> None:
     """As written, and once the variables are filled in."""
     validator = jsonschema.Draft202012Validator(compose_schema())
     env = {**ENV, "DLRM_VRGD_SHARED_DIR": "/mnt/dlrm", "DLRM_VRGD_JOIN_JOB": "0123abcd"}
+    env["DLRM_VRGD_TOKEN_FILE"] = "/home/u/.dlrm-vrgd/token"
     for document in (load_compose(path), interpolate(load_compose(path), env)):
         errors = sorted(validator.iter_errors(untag(document)), key=lambda e: list(e.path))
         assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
@@ -67,7 +70,7 @@ def test_check_jsonschema_cli_accepts_them() -> None:
     """The check-jsonschema command itself (as a pre-commit hook or CI would run it). The
     head-host override uses Compose's ``!reset`` tag, which that YAML reader does not know;
     it is checked above with the tag read as Compose reads it."""
-    plain = [str(COMPOSE), str(WORKER)]
+    plain = [str(COMPOSE), str(WORKER), str(CPU_COMPOSE)]
     proc = subprocess.run(
         [
             sys.executable,
@@ -136,7 +139,8 @@ def test_no_secret_is_written_in_any_deployment_file() -> None:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             text = line.split("#", 1)[0]
             if "TOKEN" in text and ("=" in text or ":" in text):
-                assert "${DLRM_VRGD_TOKEN:?" in text, f"{path.name}:{number}: {line.strip()}"
+                required = ("${DLRM_VRGD_TOKEN:?", "${DLRM_VRGD_TOKEN_FILE:?")
+                assert any(r in text for r in required), f"{path.name}:{number}: {line.strip()}"
     assert (DOCKER / ".gitignore").read_text().splitlines()[-1] == ".env"
 
 
@@ -200,6 +204,73 @@ def test_the_worker_runs_the_heads_own_job_command_on_the_shared_job_directory()
         interpolate(load_compose(WORKER), {"DLRM_VRGD_SHARED_DIR": shared})
 
 
+# ------------------------------------------------------------------------ one CPU host
+CPU_ENV = {"DLRM_VRGD_TOKEN_FILE": "/home/u/.dlrm-vrgd/token"}
+
+
+def cpu_doc(env: dict[str, str] | None = None) -> dict[str, Any]:
+    return interpolate(load_compose(CPU_COMPOSE), {**CPU_ENV, **(env or {})})
+
+
+def test_the_cpu_file_is_the_gpu_service_without_gpus() -> None:
+    """Everything docker-compose.yml gives the service except the GPUs, the bridge network
+    and the token in the environment; built from the CPU Dockerfile."""
+    gpu, cpu = control(), cpu_doc()["services"]["control"]
+    assert "deploy" not in cpu
+    assert cpu["environment"]["DLRM_VRGD_GPUS"] == "none"
+    assert (ROOT / cpu["build"]["dockerfile"]) == DOCKER / "Dockerfile.cpu"
+    assert (CPU_COMPOSE.parent / cpu["build"]["context"]).resolve() == ROOT
+    assert cpu["image"] == "dlrm-vrgd:cpu"
+    for key in ("init", "restart", "volumes", "stop_grace_period", "ulimits"):
+        if key in cpu:
+            assert cpu[key] == gpu[key], key
+    assert cpu["healthcheck"]["test"] == gpu["healthcheck"]["test"]
+    for name in ("DLRM_VRGD_DATA_DIR", "DLRM_VRGD_CANCEL_ON_SHUTDOWN"):
+        assert cpu["environment"][name] == gpu["environment"][name], name
+    fields = {f"DLRM_VRGD_{name.upper()}" for name in Settings.model_fields}
+    assert set(cpu["environment"]) <= fields, set(cpu["environment"]) - fields
+    assert cpu_doc()["volumes"] == {"dlrm-data": None, "dlrm-datasets": None}
+    # Compose 1.29 refuses a top-level `name:` (the project name is given with -p).
+    assert set(load_compose(CPU_COMPOSE)) == {"services", "secrets", "volumes"}
+
+
+def test_the_cpu_service_is_on_the_host_network_and_listens_on_loopback() -> None:
+    cpu = cpu_doc()["services"]["control"]
+    assert cpu["network_mode"] == "host"
+    assert "ports" not in cpu and "networks" not in cpu
+    env = cpu["environment"]
+    assert (env["DLRM_VRGD_HOST"], env["DLRM_VRGD_PORT"]) == ("127.0.0.1", "8000")
+    moved = cpu_doc({"DLRM_VRGD_BIND": "0.0.0.0", "DLRM_VRGD_PUBLISH_PORT": "9000"})
+    env = moved["services"]["control"]["environment"]
+    assert (env["DLRM_VRGD_HOST"], env["DLRM_VRGD_PORT"]) == ("0.0.0.0", "9000")
+
+
+def test_the_cpu_service_gets_its_token_as_a_secret_file_the_service_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token is in no environment variable (``docker inspect`` shows those): Compose
+    mounts the file DLRM_VRGD_TOKEN_FILE names at /run/secrets/<secret>, and the service's
+    settings read that file when DLRM_VRGD_TOKEN is unset."""
+    raw = load_compose(CPU_COMPOSE)
+    assert raw["secrets"]["dlrm_vrgd_token"]["file"].startswith("${DLRM_VRGD_TOKEN_FILE:?")
+    with pytest.raises(MissingVariable, match="DLRM_VRGD_TOKEN_FILE"):
+        interpolate(raw, {})
+    cpu = cpu_doc()
+    assert cpu["services"]["control"]["secrets"] == ["dlrm_vrgd_token"]
+    assert cpu["secrets"]["dlrm_vrgd_token"]["file"] == CPU_ENV["DLRM_VRGD_TOKEN_FILE"]
+    assert "DLRM_VRGD_TOKEN" not in cpu["services"]["control"]["environment"]
+    # The settings: the file named like the variable, stripped; the variable wins.
+    monkeypatch.delenv("DLRM_VRGD_TOKEN", raising=False)
+    (tmp_path / "dlrm_vrgd_token").write_text("s" * 40 + "\n")
+    settings = Settings(_secrets_dir=tmp_path)  # type: ignore[call-arg]
+    assert settings.token is not None and settings.token.get_secret_value() == "s" * 40
+    monkeypatch.setenv("DLRM_VRGD_TOKEN", "e" * 20)
+    settings = Settings(_secrets_dir=tmp_path)  # type: ignore[call-arg]
+    assert settings.token is not None and settings.token.get_secret_value() == "e" * 20
+    assert Settings().model_config["secrets_dir"] in (None, SECRETS_DIR)
+    assert SECRETS_DIR == Path("/run/secrets")  # where Compose and Docker mount secrets
+
+
 # -------------------------------------------------------------------- with docker compose
 def _docker_compose() -> list[str] | None:
     docker = shutil.which("docker")
@@ -221,3 +292,27 @@ def test_docker_compose_resolves_the_files(tmp_path: Path) -> None:
             [*compose, *args, "config", "--quiet"], capture_output=True, text=True, env=env
         )
         assert proc.returncode == 0, proc.stderr
+
+
+def _any_compose() -> list[str] | None:
+    """``docker compose`` (v2), else Debian's ``docker-compose`` (1.29)."""
+    return _docker_compose() or ([v1] if (v1 := shutil.which("docker-compose")) else None)
+
+
+@pytest.mark.skipif(_any_compose() is None, reason="neither docker compose nor docker-compose")
+def test_docker_compose_resolves_the_cpu_file(tmp_path: Path) -> None:
+    """The CPU file as Compose itself reads it (1.29 here: no top-level name, no !reset)."""
+    compose = _any_compose()
+    assert compose is not None
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **CPU_ENV}
+    args = [*compose, "-p", "dlrm-vrgd", "-f", str(CPU_COMPOSE), "config"]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    resolved = yaml.safe_load(proc.stdout)
+    control = resolved["services"]["control"]
+    assert control["network_mode"] == "host" and "deploy" not in control
+    assert resolved["secrets"]["dlrm_vrgd_token"]["file"] == CPU_ENV["DLRM_VRGD_TOKEN_FILE"]
+    missing = subprocess.run(
+        args, capture_output=True, text=True, env={**env, "DLRM_VRGD_TOKEN_FILE": ""}, timeout=60
+    )
+    assert missing.returncode != 0 and "DLRM_VRGD_TOKEN_FILE" in missing.stderr

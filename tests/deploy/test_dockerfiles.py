@@ -68,8 +68,10 @@ def test_every_hadolint_ignore_says_why(path: Path) -> None:
             )
 
 
-def stage(instrs: list[Instruction], index: int) -> list[Instruction]:
-    return [i for i in instrs if i.stage == index]
+def stage(instrs: list[Instruction], name: str) -> list[Instruction]:
+    """The instructions of the stage ``FROM ... AS name``."""
+    names = [i.args.split()[-1] for i in instrs if i.keyword == "FROM"]
+    return [i for i in instrs if i.stage == names.index(name)]
 
 
 @pytest.mark.parametrize("path", DOCKERFILES.values(), ids=DOCKERFILES.keys())
@@ -79,12 +81,14 @@ def test_base_image_is_pinned_by_version_and_digest(path: Path) -> None:
     image = arg.args.split("=", 1)[1]
     assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", image), image
     froms = [i.args for i in instrs if i.keyword == "FROM"]
-    assert froms == ["${PYTHON_IMAGE} AS build", "${PYTHON_IMAGE} AS runtime"]
+    # The CPU image may take local wheels from an image of them (empty by default).
+    wheels = ["${WHEELS_IMAGE} AS wheels"] if path == DOCKERFILES["cpu"] else []
+    assert froms == [*wheels, "${PYTHON_IMAGE} AS build", "${PYTHON_IMAGE} AS runtime"]
 
 
 @pytest.mark.parametrize("path", DOCKERFILES.values(), ids=DOCKERFILES.keys())
 def test_runtime_stage_runs_the_service_as_a_non_root_user(path: Path) -> None:
-    runtime = stage(instructions(path), 1)
+    runtime = stage(instructions(path), "runtime")
     users = [i.args for i in runtime if i.keyword == "USER"]
     assert users and users[-1] == "10001:10001"
     assert [i.args for i in runtime if i.keyword == "ENTRYPOINT"] == ['["dlrm-vrgd"]']
@@ -159,8 +163,35 @@ def test_cpu_stack_is_installed_as_make_setup_does() -> None:
     assert f"torchrec=={TORCHREC}" in (ROOT / "requirements" / "torchrec.txt").read_text()
     args = [i.args for i in instrs if i.keyword == "ARG"]
     assert "PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu" in args
-    env = " ".join(i.args for i in instrs if i.keyword == "ENV" and i.stage == 1)
+    env = " ".join(i.args for i in stage(instrs, "runtime") if i.keyword == "ENV")
     assert "DLRM_VRGD_GPUS=none" in env
+
+
+def test_cpu_build_takes_a_ca_secret_and_local_wheels_without_keeping_them() -> None:
+    """What docker/build-local.sh relies on: every pip call may use the CA bundle passed as
+    the build secret ``pip-ca`` and the wheels of the ``wheels`` stage (scratch unless
+    WHEELS_IMAGE names an image of wheels), both mounted for that step only; nothing of
+    either is copied, set in the environment or kept in an argument."""
+    path = DOCKERFILES["cpu"]
+    instrs = instructions(path)
+    args = [i.args for i in instrs if i.keyword == "ARG"]
+    assert "WHEELS_IMAGE=scratch" in args
+    build = stage(instrs, "build")
+    pip_runs = [i.args for i in build if i.keyword == "RUN" and "pip install" in i.args]
+    assert len(pip_runs) == 2
+    for run in pip_runs:
+        assert run.startswith(
+            "--mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=pip-ca "
+            "if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi && "
+        ), run
+    env = " ".join(i.args for i in build if i.keyword == "ENV")
+    assert "PIP_FIND_LINKS=/wheels" in env and "PIP_CERT" not in env
+    for i in instrs:
+        if i.keyword in ("COPY", "ENV", "ARG", "LABEL"):
+            assert "pip-ca" not in i.args and "/wheels" not in i.args.replace("=/wheels", ""), i
+    # No `# syntax=` line: the builder's own frontend reads RUN --mount, and a syntax line
+    # would make every build pull docker/dockerfile from Docker Hub first.
+    assert not re.search(r"^#\s*syntax\s*=", path.read_text(), re.M | re.I)
 
 
 @pytest.mark.parametrize("path", DOCKERFILES.values(), ids=DOCKERFILES.keys())

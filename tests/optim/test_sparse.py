@@ -65,15 +65,18 @@ def test_gamma_one_equals_fbgemm_fused_on_the_global_batch(kernel: str) -> None:
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("placement", ["update", "gradient"])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("k", [2, 4, 8])
-def test_row_statistics_match_embedding_bag_reference(weighted: bool, k: int) -> None:
+def test_row_statistics_match_embedding_bag_reference(weighted: bool, k: int, placement) -> None:
+    """Row statistics by reference; EXACT_SGD moves every row by lr · r · ḡ under either
+    placement (the kernel gets ḡ and the step is scaled, or it gets r · ḡ)."""
     bags = random_bags([r for r, _ in TABLES], batch=8 * k, weighted=weighted, seed=k)
     upstream = upstream_for(8 * k, seed=1)
     ebc = make_ebc("sgd", weighted)
     before = [w.detach().clone().double() for w in ebc.table_weights()]
     gamma = 0.25
-    opt = deferred_step(ebc, bags, upstream, k=k, gsnr=True, gamma=gamma)
+    opt = deferred_step(ebc, bags, upstream, k=k, gsnr=True, gamma=gamma, placement=placement)
 
     # each group's loss is the mean over its own 8 bags: ∂L_g/∂pooled = upstream / 8
     group_grads = reference_row_grads(bags, FEATURE_TABLE, TABLES, "sum", upstream.double() / 8, k)
@@ -91,9 +94,8 @@ def test_row_statistics_match_embedding_bag_reference(weighted: bool, k: int) ->
         raw = torch.where(degenerate, torch.ones_like(var), signal / var)
         ratio = (raw / raw[~degenerate].mean()).clamp(gamma, 1.0)
         ratio[degenerate] = 1.0
-        torch.testing.assert_close(
-            rec.update[order].double(), ratio[:, None] * mean, rtol=1e-3, atol=1e-7
-        )
+        kernel_input = mean if placement == "update" else ratio[:, None] * mean
+        torch.testing.assert_close(rec.update[order].double(), kernel_input, rtol=1e-3, atol=1e-7)
         torch.testing.assert_close(rec.raw[order].double(), raw, rtol=1e-3, atol=1e-6)
         torch.testing.assert_close(rec.ratio[order].double(), ratio, rtol=1e-3, atol=1e-6)
         # EXACT_SGD then moved each touched row by lr · r · ḡ, and no other row

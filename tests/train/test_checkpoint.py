@@ -120,7 +120,11 @@ def test_existing_run_is_not_overwritten(tmp_path: Path) -> None:
 
 def test_resume_with_vr_optimizer_equals_uninterrupted(tmp_path: Path) -> None:
     cfg = tiny_config(
-        "run.steps=5", "run.checkpoint_every=2", "optim.dense.name=vradam", "optim.dense.gamma=0.2"
+        "run.steps=5",
+        "run.checkpoint_every=2",
+        "optim.dense.name=vradam",
+        "optim.dense.gamma=0.2",
+        "optim.dense.gsnr_placement=update",
     )
     whole = train(cfg, tmp_path / "whole")
     with pytest.raises(RuntimeError):
@@ -130,6 +134,10 @@ def test_resume_with_vr_optimizer_equals_uninterrupted(tmp_path: Path) -> None:
     gsnr = read_jsonl(tmp_path / "crashed" / "gsnr.jsonl")
     assert [r["step"] for r in gsnr] == [1, 2, 3, 4, 5]
     assert gsnr[-1]["dense"][0]["name"].startswith("dlrm.")
+    # the realised step ratio is recorded; under `update` every element moves by p̂ ∈ [γ, 1]
+    for entry in gsnr[-1]["dense"]:
+        assert 0.2 - 1e-4 <= entry["step_ratio_p10"] <= entry["step_ratio_mean"] <= 1 + 1e-4
+        assert 0.2 - 1e-4 <= entry["scale"] <= 1 + 1e-4
 
 
 def test_resume_with_gsnr_sparse_ema_equals_uninterrupted(tmp_path: Path) -> None:
@@ -150,5 +158,8 @@ def test_resume_with_gsnr_sparse_ema_equals_uninterrupted(tmp_path: Path) -> Non
     assert {"touched_rows", "multi_group_rows", "ratio", "frac_clipped", "raw_gsnr"} <= set(
         tables[0]
     )
+    assert tables[0]["placement"] == "update"  # the default: each row moves by r_row x its step
+    assert tables[0]["step_ratio_mean"] == pytest.approx(tables[0]["ratio"], rel=1e-4)
     result = json.loads((tmp_path / "crashed" / "result.json").read_text())
     assert result["optimizers"]["sparse_gsnr_estimator"] == "ema"
+    assert result["optimizers"]["sparse_gsnr_placement"] == "update"

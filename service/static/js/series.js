@@ -86,8 +86,8 @@ export class JobSeries {
     this.train = columns(TRAIN_KEYS);
     this.evals = { val: columns(EVAL_KEYS), test: columns(EVAL_KEYS) };
     this.gsnr = { step: [], table_ratio: [], table_frac_clipped: [] };
-    this.dense = new Group(["ratio", "frac_clipped", "raw_gsnr"]);
-    this.tables = new Group(["ratio", "frac_clipped", "multi_fraction"]);
+    this.dense = new Group(["ratio", "frac_clipped", "raw_gsnr", "step_ratio_mean"]);
+    this.tables = new Group(["ratio", "frac_clipped", "multi_fraction", "step_ratio_mean"]);
     this.lastSeq = { metrics: 0, gsnr: 0 };
     /** Bumped on every change; views redraw when it moved. */
     this.version = 0;

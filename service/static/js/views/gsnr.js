@@ -1,7 +1,8 @@
 // Per-layer and per-table GSNR over time, as small multiples: one small chart per dense tensor
 // and per embedding table, all on the same 0..1 axis, showing the normalized GSNR ratio r, the
-// fraction clipped at γ, γ itself and (tables) the share of touched rows that two or more
-// micro-batches saw. Charts are created as tensors first appear in the GSNR records.
+// fraction clipped at γ, the realised step ratio (|actual step| / |plain step from the same
+// state|: whether the damping reached the weights), γ itself and (tables) the share of touched
+// rows that two or more micro-batches saw. Charts are created as tensors first appear in the GSNR records.
 
 import { color, createChart, fixedTicks, line } from "../charts.js";
 import { fill, fmt, h, isNum, pct, shortTensorName } from "../dom.js";
@@ -46,12 +47,14 @@ class Multiples {
       if (!entry) entry = this.add(name);
       const gammaLine = steps.map(() => this.gamma);
       const data = this.kind === "table"
-        ? [steps, item.ratio, item.frac_clipped, item.multi_fraction, gammaLine]
-        : [steps, item.ratio, item.frac_clipped, gammaLine];
+        ? [steps, item.ratio, item.frac_clipped, item.step_ratio_mean, item.multi_fraction, gammaLine]
+        : [steps, item.ratio, item.frac_clipped, item.step_ratio_mean, gammaLine];
       entry.chart.set(data);
       const r = lastOf(item.ratio);
       const c = lastOf(item.frac_clipped);
-      entry.value.textContent = isNum(r) ? `r ${fmt(r, 2)} · ${pct(c)} clipped` : this.kind === "table" ? `${pct(lastOf(item.multi_fraction))} in ≥2 groups` : "";
+      const realised = lastOf(item.step_ratio_mean);
+      const stepText = isNum(realised) ? ` · step ×${fmt(realised, 2)}` : "";
+      entry.value.textContent = isNum(r) ? `r ${fmt(r, 2)} · ${pct(c)} clipped${stepText}` : this.kind === "table" ? `${pct(lastOf(item.multi_fraction))} in ≥2 groups` : "";
     }
   }
 
@@ -69,6 +72,7 @@ class Multiples {
     const series = [
       line("ratio", { color: color(0), width: 1.5, digits: 3 }),
       line("clipped", { color: color(1), width: 1.25, digits: 3 }),
+      line("realised step ratio", { color: color(2), width: 1.25, digits: 3, dash: [6, 2] }),
     ];
     if (this.kind === "table") series.push(line("≥2 groups", { color: color(7), width: 1.25, digits: 3, dash: [2, 2] }));
     series.push(line("γ", { color: "#9aa3af", width: 1, dash: [3, 3], digits: 2 }));
@@ -77,7 +81,7 @@ class Multiples {
       legend: false,
       height: SMALL_HEIGHT,
       xLabel: "step",
-      scales: { y: { range: [0, 1] } },
+      scales: { y: { range: [0, 1.05] } },
       series,
       axes: [{ ticks: fixedTicks(1) }],
       emptyText: "",
@@ -115,6 +119,7 @@ export class GsnrPanel {
           { class: "legend" },
           legendItem("ratio r", "sw-ratio"),
           legendItem("fraction clipped at γ", "sw-clipped"),
+          legendItem("realised step ratio (actual / plain step)", "sw-step"),
           legendItem("rows seen by ≥ 2 micro-batches (tables)", "sw-multi"),
           legendItem("γ", "sw-gamma"),
         ),

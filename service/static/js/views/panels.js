@@ -182,7 +182,7 @@ export function resultTab(jobId) {
       if (isNum(timings.train_seconds)) facts.push(["train time", `${timings.train_seconds.toFixed(1)} s`]);
       if (result.best_val && isNum(result.best_val.auc)) facts.push(["best val AUC", `${fmt(result.best_val.auc)} at step ${result.best_val.step}`]);
       const opt = result.optimizers || {};
-      if (opt.dense) facts.push(["optimizers", `dense ${opt.dense}, tables ${opt.sparse ?? "?"}${opt.sparse_gsnr_estimator ? ` (${opt.sparse_gsnr_estimator} estimator)` : ""}`]);
+      if (opt.dense) facts.push(["optimizers", `dense ${opt.dense}, tables ${opt.sparse ?? "?"}${opt.sparse_gsnr_estimator ? ` (${opt.sparse_gsnr_estimator} estimator, ${opt.sparse_gsnr_placement ?? "gradient"} placement)` : ""}`]);
       fill(
         panel,
         rows.length
