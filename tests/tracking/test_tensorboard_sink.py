@@ -22,6 +22,10 @@ VR = {"dense": {"name": "vradam", "lr": 0.01}, "sparse": {"name": "gsnr_rowwise_
 SPLIT_PREFIX = {"val": "val", "test": "test", "train": "train_eval"}
 
 
+def numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def expected(run_dir: Path) -> dict[tuple[str, int], float]:
     """(tag, step) -> value, from the run directory's records and the tag scheme in README."""
     out: dict[tuple[str, int], float] = {}
@@ -33,7 +37,7 @@ def expected(run_dir: Path) -> dict[tuple[str, int], float]:
         else:
             continue
         for key, value in r.items():
-            if key not in skip and value is not None:
+            if key not in skip and numeric(value):
                 out[(f"{prefix}/{key}", r["step"])] = f32(value)
                 out[(f"rows/{prefix}/{key}", r["samples"])] = f32(value)
     for r in jsonl(run_dir / "gsnr.jsonl"):
@@ -43,7 +47,7 @@ def expected(run_dir: Path) -> dict[tuple[str, int], float]:
         ):
             for e in entries:
                 for key, value in e.items():
-                    if key not in ("name", "table", "numel") and value is not None:
+                    if key not in ("name", "table", "numel") and numeric(value):
                         out[(f"gsnr/{group}/{e[name]}/{key}", r["step"])] = f32(value)
     return out
 
@@ -138,6 +142,7 @@ def write_run(run_dir: Path, metrics: list[Any], gsnr: list[Any], tail: str = ""
 
 def test_new_gsnr_fields_flow_through_and_nulls_are_skipped(tmp_path: Path) -> None:
     entry = {"name": "w", "numel": 6, "ratio": 0.5, "step_ratio_mean": 0.25, "raw_gsnr": None}
+    entry |= {"placement": "update", "clipped": True}  # text and flags are not scalars
     table = {"table": "t0", "touched_rows": 7, "multi_group_rows": 3, "step_ratio_p10": 0.125}
     write_run(
         tmp_path / "run",
