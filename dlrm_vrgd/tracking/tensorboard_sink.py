@@ -44,13 +44,16 @@ class EventFile:
 
     def scalars(self, values: list[sc.Scalar], wall_time: float) -> None:
         """One event per step: all values of a record that share a step."""
-        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.proto.event_pb2 import Event
 
-        by_step: dict[int, list[Summary.Value]] = {}
+        events: dict[int, Any] = {}
         for tag, value, step in values:
-            by_step.setdefault(step, []).append(Summary.Value(tag=tag, simple_value=value))
-        for step, vals in by_step.items():
-            self._summary(Summary(value=vals), step, wall_time)
+            event = events.get(step)
+            if event is None:
+                event = events[step] = Event(wall_time=wall_time, step=step)
+            event.summary.value.add(tag=tag, simple_value=value)
+        for event in events.values():
+            self._writer.write_event(event)
 
     def layout(self) -> None:
         """Charts that put AUC beside the oracle's, per split (TensorBoard's Custom Scalars)."""
