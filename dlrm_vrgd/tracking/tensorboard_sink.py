@@ -4,9 +4,9 @@ Written with tensorboardX's event-file writer and protobufs (numpy, packaging an
 are its only dependencies; ``crc32c`` makes its record checksums native). Scalars follow
 :mod:`dlrm_vrgd.tracking.scalars`; each record becomes one event holding all its values, so a
 step with a hundred GSNR figures costs one write. The sink runs on its own thread: the training
-step only puts the record on a queue. The file is flushed after every eval record and at the
-end; at the end the hparams summary sets the flattened config against the final metrics
-(TensorBoard's HParams tab compares a study's cells).
+step only puts the record on a queue. The file is flushed after every eval record, at the end,
+and between evals every :data:`FLUSH_EVERY_S`. At the end, the hparams summary sets the
+flattened config against the final metrics (TensorBoard's HParams tab compares a study's cells).
 
 :func:`rebuild` writes the same events from a finished (or interrupted) run directory.
 """
@@ -27,6 +27,8 @@ from dlrm_vrgd.train import rundir
 logger = logging.getLogger(__name__)
 
 TB_DIR = "tb"
+#: Between evals, the live file is flushed at most this often (TensorBoard reloads ~30 s).
+FLUSH_EVERY_S = 10.0
 
 
 class EventFile:
@@ -103,6 +105,7 @@ class TensorBoardSink(Sink):
         self.config = config
         self._worker = Worker(f"TensorBoard writer ({logdir})")
         self._file: EventFile | None = None
+        self._flushed = time.monotonic()
         self._worker.submit(self._open, Path(logdir))
 
     def _open(self, logdir: Path) -> None:
@@ -135,12 +138,19 @@ class TensorBoardSink(Sink):
     def _metrics(self, record: dict[str, Any], wall: float) -> None:
         assert self._file is not None
         self._file.scalars(sc.metric_scalars(record), wall)
-        if record.get("kind") == "eval":
-            self._file.flush()
+        self._maybe_flush(record.get("kind") == "eval")
 
     def _gsnr(self, record: dict[str, Any], wall: float) -> None:
         assert self._file is not None
         self._file.scalars(sc.gsnr_scalars(record), wall)
+        self._maybe_flush(False)
+
+    def _maybe_flush(self, now: bool) -> None:
+        """At every eval, and between evals every :data:`FLUSH_EVERY_S` (a live view)."""
+        assert self._file is not None
+        if now or time.monotonic() - self._flushed >= FLUSH_EVERY_S:
+            self._file.flush()
+            self._flushed = time.monotonic()
 
     def _hparams(self, result: dict[str, Any], wall: float) -> None:
         assert self._file is not None
