@@ -51,6 +51,7 @@ class ProgressLine:
     def on_end(self, result: Any) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
 
 
 def _print_result(result: Any) -> None:
@@ -70,16 +71,22 @@ def _print_result(result: Any) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from dlrm_vrgd.resources import check_fits
     from dlrm_vrgd.train import distributed
 
     cfg = load_config(args.config, args.set)
+    check_fits(cfg)  # a job too big for this host is refused before anything starts
     if cfg.run.world_size > 1 and not distributed.under_torchrun():
         return _launch_torchrun(cfg, args)
     if distributed.under_torchrun():
         return _train_rank(cfg, args)
     from dlrm_vrgd.train.loop import train
 
-    result = train(cfg, args.out, callbacks=[ProgressLine()], resume=args.resume)
+    progress = ProgressLine()
+    try:
+        result = train(cfg, args.out, callbacks=[progress], resume=args.resume)
+    finally:
+        progress.on_end(None)  # an error message starts on a line of its own
     _print_result(result)
     return 0
 
@@ -153,9 +160,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
+    from dlrm_vrgd.resources import check_study_fits
     from dlrm_vrgd.study import load_study, run_study
 
     study = load_study(args.config, args.set)
+    check_study_fits(study)
     out = Path(args.out or REPO / "runs" / f"study-{study.name}")
     print(
         f"study {study.name}: {len(study.cells())} cells "
@@ -348,6 +357,17 @@ def main(argv: list[str] | None = None) -> int:
     except (FileExistsError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full disk, a permission, a name too long: the OS said why
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except RuntimeError as err:
+        from dlrm_vrgd.train.checkpoint import CheckpointError
+        from dlrm_vrgd.train.loop import NonFiniteError
+
+        if not isinstance(err, NonFiniteError | CheckpointError):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

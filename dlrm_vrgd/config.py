@@ -2,6 +2,9 @@
 
 Every default lives here. Unknown keys are errors (``extra="forbid"``), and every error names
 the dotted path of the offending field, e.g. ``optim.dense.lr: Input should be greater than 0``.
+Numbers are checked: every float is finite (no NaN, no Infinity), a bool is not a number, and
+every size (rows, tables, widths, batches, steps) has an upper bound stated in the JSON schema.
+Whether a valid config fits the machine is a separate check (:mod:`dlrm_vrgd.resources`).
 
 A config is loaded from YAML (:func:`load_config`) and patched with dotted overrides
 (``--set optim.dense.lr=0.1``, values parsed as YAML scalars). The resolved config is stored
@@ -11,11 +14,21 @@ with every run and checkpoint (:meth:`TrainConfig.to_dict`).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 #: Criteo Kaggle (Display Advertising Challenge) cardinalities of C1..C26.
 CRITEO_KAGGLE_CARDINALITIES: tuple[int, ...] = (
@@ -34,8 +47,60 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-PositiveInt = Annotated[int, Field(gt=0)]
-Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]
+#: Upper bounds of sizes (generous: the checks that matter are the resource estimate's).
+MAX_ROWS = 1 << 40  # rows of a split (Criteo 1TB has 4.4e9)
+MAX_TABLE_ROWS = 2**31 - 1  # rows of one embedding table (as data.criteo allows)
+MAX_TABLES = 1024
+MAX_FEATURES = 1024  # dense features
+MAX_EMBEDDING_DIM = 4096
+MAX_WIDTH = 65_536  # one MLP layer
+MAX_LAYERS = 64
+MAX_BATCH = 1 << 24  # global batch (16M rows; the product targets 512k)
+MAX_MICRO_BATCH = 1 << 22
+MAX_STEPS = 1 << 40
+MAX_EPOCHS = 1e6
+MAX_SEED = (1 << 63) - 1
+MAX_DAYS = 10_000
+#: Longest ``data.path`` accepted, and longest component (Linux PATH_MAX / NAME_MAX).
+MAX_PATH_CHARS = 4095
+MAX_NAME_BYTES = 255
+
+
+def _not_bool(value: Any) -> Any:
+    # JSON true / YAML yes would otherwise become 1 (or 1.0): a bool is not a number.
+    if isinstance(value, bool):
+        raise PydanticCustomError("number_type", "Input should be a number, not a boolean")
+    return value
+
+
+NoBool = BeforeValidator(_not_bool)
+# Numbers: no bool for an int or a float, no fraction for an int, finite floats only. Text
+# that spells a number is accepted (PyYAML reads ``1e-3``, without a dot, as a string).
+Fraction = Annotated[float, Field(allow_inf_nan=False, ge=0.0, lt=1.0), NoBool]
+
+
+def Count(low: int = 1, high: int = MAX_ROWS) -> Any:  # noqa: N802 (a type, read as one)
+    """An int (not a bool) in ``[low, high]``."""
+    return Annotated[int, Field(ge=low, le=high), NoBool]
+
+
+def Real(**bounds: float) -> Any:  # noqa: N802
+    """A finite float (not a bool) with the given ``gt``/``ge``/``lt``/``le`` bounds."""
+    return Annotated[float, Field(allow_inf_nan=False, **bounds), NoBool]
+
+
+Seed = Count(0, MAX_SEED)
+Rows = Count(1, MAX_ROWS)
+Steps = Count(0, MAX_STEPS)
+Width = Count(1, MAX_WIDTH)
+
+
+def field_error(loc: tuple[str | int, ...], message: str, value: Any) -> ValidationError:
+    """A validation error at ``loc`` (a model validator's errors otherwise name the model)."""
+    detail = InitErrorDetails(
+        type=PydanticCustomError("value_error", message), loc=loc, input=value
+    )
+    return ValidationError.from_exception_data("TrainConfig", [detail])
 
 
 # ----------------------------------------------------------------------------------- data
@@ -43,25 +108,26 @@ class SyntheticData(_Section):
     """Planted-signal synthetic Criteo (see :mod:`dlrm_vrgd.data.synthetic`)."""
 
     source: Literal["synthetic"] = "synthetic"
-    seed: int = 0
-    train_rows: PositiveInt = 4_000_000
-    val_rows: PositiveInt = 200_000
-    test_rows: PositiveInt = 200_000
-    num_dense: PositiveInt = NUM_DENSE
-    cardinalities: list[PositiveInt] = Field(
+    seed: Seed = 0
+    train_rows: Rows = 4_000_000
+    val_rows: Rows = 200_000
+    test_rows: Rows = 200_000
+    num_dense: Count(1, MAX_FEATURES) = NUM_DENSE
+    cardinalities: list[Count(1, MAX_TABLE_ROWS)] = Field(
         default_factory=lambda: [min(c, 100_000) for c in CRITEO_KAGGLE_CARDINALITIES],
         min_length=1,
+        max_length=MAX_TABLES,
     )
-    zipf_exponent: Annotated[float, Field(gt=0.0, le=3.0)] = 1.05
+    zipf_exponent: Real(gt=0.0, le=3.0) = 1.05
     dense_missing_rate: Fraction = 0.2
-    click_rate: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.25
-    teacher_dim: PositiveInt = 4
-    teacher_rank: PositiveInt = 4
-    signal_scale: Annotated[float, Field(gt=0.0)] = 1.6
-    chunk_rows: PositiveInt = 8192
+    click_rate: Real(gt=0.0, lt=1.0) = 0.25
+    teacher_dim: Count(1, 1024) = 4
+    teacher_rank: Count(1, 1024) = 4
+    signal_scale: Real(gt=0.0, le=1e3) = 1.6
+    chunk_rows: Count(1, MAX_MICRO_BATCH) = 8192
     #: Keep up to this many MB of generated rows in memory, shared by every run of a process
     #: with the same data (a study trains many cells on the same rows); 0 = none.
-    cache_mb: Annotated[int, Field(ge=0)] = 0
+    cache_mb: Count(0, 1 << 24) = 0
 
 
 class CriteoData(_Section):
@@ -72,19 +138,40 @@ class CriteoData(_Section):
 
     source: Literal["criteo"] = "criteo"
     #: The directory `dlrm-vrgd preprocess --out` wrote (relative paths: from the working dir).
-    path: Path
-    train_days: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1)
-    val_days: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1)
-    test_days: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1)
+    path: Annotated[Path, Field(json_schema_extra={"maxLength": MAX_PATH_CHARS})]
+    train_days: list[Count(0, MAX_DAYS)] | None = Field(
+        default=None, min_length=1, max_length=MAX_DAYS
+    )
+    val_days: list[Count(0, MAX_DAYS)] | None = Field(
+        default=None, min_length=1, max_length=MAX_DAYS
+    )
+    test_days: list[Count(0, MAX_DAYS)] | None = Field(
+        default=None, min_length=1, max_length=MAX_DAYS
+    )
     #: Where val and test are the same days: the first fraction of their rows is val.
-    val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.5
-    max_val_rows: PositiveInt | None = 1_000_000
-    max_test_rows: PositiveInt | None = None
+    val_fraction: Real(gt=0.0, lt=1.0) = 0.5
+    max_val_rows: Rows | None = 1_000_000
+    max_test_rows: Rows | None = None
     #: Read-time table cap (one for all tables, or 26): ids become ``id % cap``.
-    max_rows_per_table: PositiveInt | list[PositiveInt] | None = None
-    shuffle_block_rows: PositiveInt = 65_536
+    max_rows_per_table: Count(1, MAX_TABLE_ROWS) | list[Count(1, MAX_TABLE_ROWS)] | None = None
+    shuffle_block_rows: Count(1, MAX_MICRO_BATCH) = 65_536
     #: Check every file's SHA-256 against the manifest when opening (sizes always are).
     verify_checksums: bool = False
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, path: Path) -> Path:
+        text = str(path)
+        if len(text) > MAX_PATH_CHARS:
+            raise ValueError(f"longer than {MAX_PATH_CHARS} characters ({len(text):,})")
+        if "\x00" in text:
+            raise ValueError("contains a NUL character")
+        for part in path.parts:
+            if len(os.fsencode(part)) > MAX_NAME_BYTES:
+                raise ValueError(
+                    f"a component is longer than {MAX_NAME_BYTES} bytes: {part[:40]}..."
+                )
+        return path
 
     @model_validator(mode="after")
     def _check_days(self) -> CriteoData:
@@ -110,11 +197,15 @@ DataConfig = Annotated[SyntheticData | CriteoData, Field(discriminator="source")
 # ---------------------------------------------------------------------------------- model
 class ModelConfig(_Section):
     arch: Literal["dlrm", "dlrm_dcn"] = "dlrm"
-    embedding_dim: PositiveInt = 16
-    dense_arch: list[PositiveInt] = Field(default_factory=lambda: [64, 16], min_length=1)
-    over_arch: list[PositiveInt] = Field(default_factory=lambda: [64, 32, 1], min_length=1)
-    dcn_num_layers: PositiveInt = 3
-    dcn_low_rank_dim: PositiveInt = 16
+    embedding_dim: Count(1, MAX_EMBEDDING_DIM) = 16
+    dense_arch: list[Width] = Field(
+        default_factory=lambda: [64, 16], min_length=1, max_length=MAX_LAYERS
+    )
+    over_arch: list[Width] = Field(
+        default_factory=lambda: [64, 32, 1], min_length=1, max_length=MAX_LAYERS
+    )
+    dcn_num_layers: Count(1, MAX_LAYERS) = 3
+    dcn_low_rank_dim: Count(1, MAX_WIDTH) = 16
     embedding_backend: Literal["fbgemm", "torch"] = "fbgemm"
 
     @model_validator(mode="after")
@@ -142,22 +233,22 @@ class DenseOptimConfig(_Section):
     (vr)lars. ``lars`` / ``lamb`` are the plain algorithms (VRLARS / VRLAMB with γ = 1)."""
 
     name: DenseOptimizerName = "adamw"
-    lr: Annotated[float, Field(gt=0.0)] = 1e-3
+    lr: Real(gt=0.0, le=1e6) = 1e-3
     momentum: Fraction = 0.0
     dampening: Fraction = 0.0
     nesterov: bool = False
-    weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
+    weight_decay: Real(ge=0.0, le=1e6) = 0.0
     betas: tuple[Fraction, Fraction] = (0.9, 0.999)
-    eps: Annotated[float, Field(gt=0.0)] = 1e-8
+    eps: Real(gt=0.0, le=1.0) = 1e-8
     #: Lower clip of the GSNR ratio: 1 reproduces the base optimizer exactly.
-    gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
+    gamma: Real(gt=0.0, le=1.0) = 0.1
     #: EMA factor of the ratio for vradam / vrlamb.
     gsnr_beta: Fraction = 0.9
     #: Where vradam / vrlamb apply the ratio: ``gradient`` (the paper's: ``p̂⊙ḡ`` feeds both
     #: moments) or ``update`` (the moments see ``ḡ``; Adam's step is scaled by ``p̂``). vrsgd and
     #: vrlars are linear in ``ḡ``: both values mean the same for them.
     gsnr_placement: Literal["gradient", "update"] = "gradient"
-    trust_coefficient: Annotated[float, Field(gt=0.0)] = 0.001
+    trust_coefficient: Real(gt=0.0, le=1e6) = 0.001
 
     @model_validator(mode="after")
     def _check_nesterov(self) -> DenseOptimConfig:
@@ -175,14 +266,14 @@ class SparseOptimConfig(_Section):
     whose damping row-wise Adagrad largely cancels; the same as ``update`` for ``sgd``)."""
 
     name: SparseOptimizerName = "rowwise_adagrad"
-    lr: Annotated[float, Field(gt=0.0)] = 0.05
-    eps: Annotated[float, Field(gt=0.0)] = 1e-8
-    gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
+    lr: Real(gt=0.0, le=1e6) = 0.05
+    eps: Real(gt=0.0, le=1.0) = 1e-8
+    gamma: Real(gt=0.0, le=1.0) = 0.1
     estimator: Literal["step", "ema"] = "step"
     ema_beta: Fraction = 0.9
     gsnr_placement: Literal["update", "gradient"] = "update"
     #: Rows replayed through the fused kernel per call (bounds transient memory).
-    replay_chunk_rows: PositiveInt = 65_536
+    replay_chunk_rows: Count(1, MAX_MICRO_BATCH) = 65_536
 
     @property
     def kernel(self) -> str:
@@ -197,12 +288,12 @@ class SparseOptimConfig(_Section):
 class ScheduleConfig(_Section):
     """Linear warm-up, then a decay to ``min_lr_factor`` at the last step (DESIGN.md 4.4)."""
 
-    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    warmup_steps: Steps = 0
     decay: Literal["none", "poly", "cosine"] = "none"
-    min_lr_factor: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    min_lr_factor: Real(ge=0.0, le=1.0) = 0.0
     #: Scale both base LRs by the global batch relative to ``reference_batch``.
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
-    reference_batch: PositiveInt = 8192
+    reference_batch: Count(1, MAX_BATCH) = 8192
 
 
 class OptimConfig(_Section):
@@ -223,49 +314,53 @@ class MlflowConfig(_Section):
     cannot be reached is logged once and training goes on."""
 
     #: ``http(s)://HOST:PORT``, ``sqlite:///PATH`` or ``file:PATH`` (MLflow's own URI forms).
-    tracking_uri: Annotated[str, Field(min_length=1)]
-    experiment: Annotated[str, Field(min_length=1)] = "dlrm-vrgd"
+    tracking_uri: Annotated[str, Field(min_length=1, max_length=2000)]
+    experiment: Annotated[str, Field(min_length=1, max_length=500)] = "dlrm-vrgd"
     #: Where a newly created experiment keeps artifacts (None: the tracking server decides).
-    artifact_location: str | None = None
+    artifact_location: Annotated[str, Field(min_length=1, max_length=2000)] | None = None
     #: MLflow run name (None: the run directory's name).
-    run_name: str | None = None
+    run_name: Annotated[str, Field(min_length=1, max_length=250)] | None = None
     #: Nest the run under this MLflow run (a study sets it for its cells).
-    parent_run_id: str | None = None
+    parent_run_id: Annotated[str, Field(min_length=1, max_length=200)] | None = None
 
 
 class RunConfig(_Section):
-    global_batch: PositiveInt = 8192
-    micro_batch: PositiveInt = 1024
+    global_batch: Count(1, MAX_BATCH) = 8192
+    micro_batch: Count(1, MAX_MICRO_BATCH) = 1024
     #: Training length: ``steps`` or ``epochs`` (fractions allowed), not both; neither = 1 epoch.
-    steps: PositiveInt | None = None
-    epochs: Annotated[float, Field(gt=0.0)] | None = None
-    eval_every: Annotated[int, Field(ge=0)] = 100
-    eval_batch: PositiveInt = 16_384
+    steps: Count(1, MAX_STEPS) | None = None
+    epochs: Real(gt=0.0, le=MAX_EPOCHS) | None = None
+    eval_every: Steps = 100
+    eval_batch: Count(1, MAX_MICRO_BATCH) = 16_384
     #: Rows of the validation split used by periodic evals (None: all of it).
-    eval_rows: PositiveInt | None = None
+    eval_rows: Rows | None = None
     #: At the end, also score the first N training rows (split "train"; 0 = skip), to show
     #: the train - test gap.
-    final_train_eval_rows: Annotated[int, Field(ge=0)] = 0
-    checkpoint_every: Annotated[int, Field(ge=0)] = 0
-    keep_checkpoints: PositiveInt = 2
-    log_every: PositiveInt = 1
+    final_train_eval_rows: Count(0, MAX_ROWS) = 0
+    checkpoint_every: Steps = 0
+    keep_checkpoints: Count(1, 1000) = 2
+    log_every: Count(1, MAX_STEPS) = 1
     #: Write per-tensor / per-table GSNR summaries to gsnr.jsonl every N steps.
-    gsnr_every: PositiveInt = 1
-    seed: int = 0
+    gsnr_every: Count(1, MAX_STEPS) = 1
+    seed: Seed = 0
     device: Literal["cpu", "cuda"] = "cpu"
-    threads: PositiveInt | None = None
+    threads: Count(1, 4096) | None = None
     #: Fix glibc's mmap threshold (KiB) so freed buffers return to the system: resident memory
     #: stops creeping over many micro-batches, steps get slower (see train/malloc.py); 0 = off.
-    malloc_mmap_threshold_kb: Annotated[int, Field(ge=0)] = 0
+    malloc_mmap_threshold_kb: Count(0, 32 * 1024) = 0
     #: Processes per node, nodes (torchrun); world size W = nnodes x nproc_per_node.
-    nproc_per_node: PositiveInt = 1
-    nnodes: PositiveInt = 1
+    nproc_per_node: Count(1, 256) = 1
+    nnodes: Count(1, 4096) = 1
     #: c10d rendezvous HOST:PORT, required for nnodes > 1 (every node runs the same command).
-    rdzv_endpoint: str | None = None
-    rdzv_id: str = "dlrm-vrgd"
+    rdzv_endpoint: Annotated[str, Field(max_length=300)] | None = None
+    rdzv_id: Annotated[str, Field(min_length=1, max_length=200)] = "dlrm-vrgd"
     #: Sharding types the planner may use for the tables (W > 1). row_wise needs a GPU.
-    sharding: list[TableSharding] = Field(default_factory=lambda: ["table_wise"], min_length=1)
-    collective_timeout_s: PositiveInt = 600
+    sharding: list[TableSharding] = Field(
+        default_factory=lambda: ["table_wise"], min_length=1, max_length=8
+    )
+    #: Longest wait of a collective (all-reduce, all-to-all, barrier): a rank that froze or
+    #: died fails the job after this many seconds instead of hanging it.
+    collective_timeout_s: Count(10, 86_400) = 180
     #: Write TensorBoard event files to ``tb/`` in the run directory (rank 0, off the step).
     tensorboard: bool = True
     #: Also export params, metrics and artifacts to MLflow (None: off).
@@ -312,11 +407,33 @@ class TrainConfig(_Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
+    @model_validator(mode="after")
+    def _check_length(self) -> TrainConfig:
+        if isinstance(self.data, SyntheticData):
+            try:  # a length too long to count fails here, not in the trainer
+                self.total_steps(self.data.train_rows)
+            except ConfigError as err:
+                raise field_error(
+                    ("run", "epochs"), str(err).partition(": ")[2], self.run.epochs
+                ) from None
+        return self
+
     def total_steps(self, train_rows: int) -> int:
+        """Optimizer steps of the run over ``train_rows`` training rows; a
+        :class:`ConfigError` naming ``run.epochs`` when that is more than ``MAX_STEPS``."""
         if self.run.steps is not None:
             return self.run.steps
         epochs = 1.0 if self.run.epochs is None else self.run.epochs
-        return max(1, math.ceil(epochs * train_rows / self.run.global_batch))
+        try:
+            steps = max(1, math.ceil(epochs * train_rows / self.run.global_batch))
+        except (OverflowError, ValueError):
+            steps = MAX_STEPS + 1
+        if steps > MAX_STEPS:
+            raise ConfigError(
+                f"run.epochs: {epochs:g} epochs of {train_rows:,} rows at global_batch "
+                f"{self.run.global_batch:,} is more than {MAX_STEPS:,} steps"
+            )
+        return steps
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -326,14 +443,21 @@ class TrainConfig(_Section):
 def format_validation_error(err: ValidationError, source: str = "config") -> str:
     lines = [f"invalid {source}:"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not _is_union_tag(p))
-        lines.append(f"  {loc or '<root>'}: {e['msg']}")
+        lines.append(f"  {error_field(e['loc']) or '<root>'}: {e['msg']}")
     return "\n".join(lines)
 
 
+def error_field(loc: tuple[Any, ...] | list[Any]) -> str:
+    """The dotted field of a pydantic error location, without union member tags."""
+    return ".".join(str(p) for p in loc if not _is_union_tag(p))
+
+
 def _is_union_tag(part: Any) -> bool:
-    # pydantic puts the discriminator value ("synthetic") into the error path; drop it.
-    return part in ("synthetic", "criteo")
+    # pydantic puts the discriminator value ("synthetic") and union members
+    # ("constrained-int", "list[constrained-int]") into the error path; drop them.
+    if part in ("synthetic", "criteo"):
+        return True
+    return isinstance(part, str) and any(c in part for c in "-[(")
 
 
 def parse_config(raw: dict[str, Any], source: str = "config") -> TrainConfig:

@@ -1,7 +1,11 @@
 """Typed domain errors of the job layer; one exception handler (``service.main``) maps them to
-HTTP answers: not found -> 404, illegal transition -> 409, invalid input -> 422."""
+HTTP answers: not found -> 404, illegal transition -> 409, invalid input -> 422, the service's
+storage full or not writable -> 507."""
 
 from __future__ import annotations
+
+import errno
+import os
 
 
 class ServiceError(Exception):
@@ -43,8 +47,35 @@ class InvalidInput(ServiceError):
 
     status_code = 422
 
-    def __init__(self, field: str, message: str, loc: tuple[str | int, ...] = ()) -> None:
+    def __init__(
+        self,
+        field: str,
+        message: str,
+        loc: tuple[str | int, ...] = (),
+        also: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.loc = loc or tuple(field.split("."))
         self.detail = message
+        #: Further fields the same message is about (one issue each in the answer).
+        self.also = also
+
+
+class StorageError(ServiceError):
+    """The service could not write what the request needs (disk full, read-only, permission);
+    nothing of the request was kept."""
+
+    status_code = 507
+
+    @classmethod
+    def from_os_error(cls, what: str, err: OSError) -> StorageError:
+        name = errno.errorcode.get(err.errno or 0, "error")
+        reason = os.strerror(err.errno) if err.errno else str(err)
+        return cls(f"cannot store {what} on the service host: {reason} ({name}); nothing was kept")
+
+
+class Unavailable(ServiceError):
+    """What runs jobs cannot take one now (Slurm's controller unreachable): 503, naming why."""
+
+    status_code = 503

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -25,7 +26,8 @@ from service import __version__
 from service.api.deps import require_token
 from service.api.responses import UNAUTHORIZED
 from service.api.routes import artifacts, events, health, jobs, metrics, pages
-from service.errors import InvalidInput, ServiceError
+from service.errors import InvalidInput, ServiceError, StorageError
+from service.jobs.backends import BackendUnavailable, make_backend
 from service.jobs.notifier import Notifier
 from service.jobs.runner import Runner
 from service.jobs.service import JobService
@@ -80,6 +82,10 @@ def preflight(settings: Settings) -> None:
     lock = DataDirLock(settings.lock_path)
     lock.acquire()
     lock.release()
+    try:
+        make_backend(settings).check()
+    except BackendUnavailable as err:
+        raise StartupRefused(str(err)) from None
 
 
 # ------------------------------------------------------------------------- body limit
@@ -155,6 +161,7 @@ def _field(loc: tuple[Any, ...] | list[Any]) -> str:
         str(p)
         for i, p in enumerate(parts)
         if not (p in _UNION_TAGS and i > 0 and parts[i - 1] == "data")
+        and not (isinstance(p, str) and any(c in p for c in "-[("))  # union member tags
     ]
     return ".".join(cleaned) or "body"
 
@@ -179,9 +186,37 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
     if isinstance(exc, InvalidInput):
-        issue = {"loc": list(exc.loc), "field": exc.field, "msg": exc.detail, "type": "invalid"}
-        return JSONResponse({"detail": [issue]}, status_code=422)
+        issues = [{"loc": list(exc.loc), "field": exc.field, "msg": exc.detail, "type": "invalid"}]
+        for field in exc.also:
+            loc = [*exc.loc[: len(exc.loc) - len(exc.field.split("."))], *field.split(".")]
+            issues.append({"loc": loc, "field": field, "msg": exc.detail, "type": "invalid"})
+        return JSONResponse({"detail": issues}, status_code=422)
     return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """FastAPI answers a body it cannot decode (nesting too deep, a number too long, bytes
+    that are not UTF-8) with 400; like every other bad body, that is a 422 naming ``body``."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+        cause = exc.__cause__
+        why = f": {type(cause).__name__}: {str(cause)[:200]}" if cause is not None else ""
+        issue = {
+            "loc": ["body"],
+            "field": "body",
+            "msg": f"request body is not valid JSON{why}",
+            "type": "json_invalid",
+        }
+        return JSONResponse({"detail": [issue]}, status_code=422)
+    return await http_exception_handler(request, exc)
+
+
+async def _os_error(request: Request, exc: Exception) -> JSONResponse:
+    """A filesystem error no route expected: a clear answer, not a 500."""
+    assert isinstance(exc, OSError)
+    logger.error("%s %s: %s", request.method, request.url.path, exc)
+    err = StorageError.from_os_error("the request's data", exc)
+    return JSONResponse({"detail": err.message}, status_code=err.status_code)
 
 
 # ------------------------------------------------------------------------------- app
@@ -226,6 +261,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(OSError, _os_error)
 
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(health.router)

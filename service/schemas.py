@@ -111,6 +111,10 @@ class JobPublic(BaseModel):
     exit_code: int | None
     #: Why the job failed: exit status and the last log lines.
     error: str | None
+    #: What ran it: "local" or "slurm" (null while queued and not handed over).
+    backend: str | None = None
+    #: The Slurm job id (``squeue -j``, ``scancel``), once Slurm accepted the job.
+    slurm_job_id: str | None = None
     progress: JobProgress
     has_result: bool
     #: The resolved config (defaults filled in).
@@ -130,6 +134,8 @@ class JobPublic(BaseModel):
             pid=job.pid,
             exit_code=job.exit_code,
             error=job.error,
+            backend=job.backend or ("local" if job.pid is not None else None),
+            slurm_job_id=job.slurm_job_id,
             progress=JobProgress.model_validate(job.progress),
             has_result=job.result is not None,
             config=job.config,

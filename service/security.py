@@ -38,11 +38,11 @@ def check_bind(settings: Settings) -> None:
     if settings.is_loopback:
         return
     token = settings.token.get_secret_value() if settings.token is not None else ""
-    if len(token) < MIN_PUBLIC_TOKEN_CHARS:
+    if len(token.strip()) < MIN_PUBLIC_TOKEN_CHARS:  # spaces are not a secret
         raise StartupRefused(
             f"refusing to listen on {settings.host}: a non-loopback address needs "
             f"DLRM_VRGD_TOKEN set to a secret of at least {MIN_PUBLIC_TOKEN_CHARS} characters "
-            "(or listen on 127.0.0.1)"
+            "other than whitespace (or listen on 127.0.0.1)"
         )
 
 
@@ -50,8 +50,8 @@ def resolve_token(settings: Settings) -> Token:
     """The token from the environment, the data directory, or a new one (saved, mode 0600)."""
     if settings.token is not None:
         value = settings.token.get_secret_value()
-        if not value:
-            raise StartupRefused("DLRM_VRGD_TOKEN is set but empty")
+        if not value.strip():
+            raise StartupRefused("DLRM_VRGD_TOKEN is set but empty (or only whitespace)")
         return Token(value, "environment")
     path = settings.token_path
     try:

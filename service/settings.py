@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, StringConstraints, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.jobs.gpus import GpuError, parse_gpu_spec
@@ -25,6 +26,15 @@ ENV_PREFIX = "DLRM_VRGD_"
 SECRETS_DIR = Path("/run/secrets")
 #: Shortest bearer token accepted when the service listens beyond the loopback interface.
 MIN_PUBLIC_TOKEN_CHARS = 16
+#: A Slurm partition, account or QoS name.
+SlurmName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.,-]+$")]
+#: A Slurm time limit: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED.
+SlurmTime = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+(:\d{2}){0,2}|UNLIMITED|INFINITE)$"
+    ),
+]
 
 
 def default_data_dir() -> Path:
@@ -51,6 +61,7 @@ class Settings(BaseSettings):
     #: unset, one is generated, saved to ``DATA_DIR/token`` and printed.
     token: SecretStr | None = None
     #: Jobs running at once; the rest wait in FIFO order. 0 holds every job in the queue.
+    #: With the Slurm backend Slurm queues: any other value hands every job over at once.
     max_concurrent_jobs: Annotated[int, Field(ge=0)] = 1
     #: Default wall-clock limit of a job (a job's own ``timeout_s`` wins); None = no limit.
     job_timeout_s: Annotated[float, Field(gt=0)] | None = None
@@ -77,9 +88,44 @@ class Settings(BaseSettings):
     #: Let a later queued job start while an earlier one waits for GPUs (backfill); off keeps
     #: strict FIFO order: a job waiting for GPUs holds back the jobs behind it.
     gpu_backfill: bool = False
+    #: Memory a job may use on one node, in bytes; jobs whose estimate (dlrm_vrgd.resources)
+    #: exceeds it are refused with 422. Default: this host's memory (or its cgroup limit).
+    job_memory_bytes: Annotated[int, Field(gt=0)] | None = None
     #: Where job directories live (default ``DATA_DIR/jobs``). A multi-node job needs them on
     #: storage that every node mounts at the same path; the SQLite store stays in DATA_DIR.
     jobs_root: Path | None = None
+
+    #: What runs jobs: "local" (processes on this host) or "slurm" (one ``sbatch`` per job;
+    #: the job directories must sit on a file system every node mounts at the same path).
+    backend: Literal["local", "slurm"] = "local"
+    #: Slurm: ``--partition``, ``--account``, ``--qos`` of every job (unset: Slurm's default).
+    slurm_partition: SlurmName | None = None
+    slurm_account: SlurmName | None = None
+    slurm_qos: SlurmName | None = None
+    #: Slurm: ``--time`` of a job without a timeout of its own, in Slurm's format
+    #: ("30", "4:00:00", "2-00:00:00"); a job's ``timeout_s`` wins (rounded up to minutes).
+    slurm_time_limit: SlurmTime | None = None
+    #: Slurm: ``--gpus-per-node`` of a CUDA job (default: its ``run.nproc_per_node``).
+    slurm_gpus_per_node: Annotated[int, Field(ge=1)] | None = None
+    #: Slurm: more ``sbatch`` arguments, as a shell would split them ("--constraint=a100").
+    slurm_extra_args: str = ""
+    #: Slurm: the c10d rendezvous port on the first node of a multi-node job.
+    slurm_rdzv_port: Annotated[int, Field(ge=1, le=65535)] = 29500
+    #: Slurm: whole nodes per job (``--exclusive``), as multi-node training wants.
+    slurm_exclusive: bool = True
+    #: Slurm: seconds between two looks at the queue (one ``squeue`` for every job).
+    slurm_poll_interval_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+    #: Slurm: a Slurm command that takes longer counts as "Slurm unreachable".
+    slurm_command_timeout_s: Annotated[float, Field(gt=0, le=300)] = 15.0
+
+    @field_validator("slurm_extra_args")
+    @classmethod
+    def _check_extra_args(cls, value: str) -> str:
+        try:
+            shlex.split(value)
+        except ValueError as err:
+            raise ValueError(f"not a shell word list: {err}") from None
+        return value
 
     @field_validator("gpus")
     @classmethod

@@ -7,7 +7,9 @@ entry table. Anything unusual drops to a slower path that is exact rather than f
 * a row with fewer fields than the layout's (trailing empty fields stripped) is padded with
   empty fields; a row with more is malformed;
 * a value that fails conversion is located by re-reading the block as text and checking every
-  column against the accepted syntax; its row is malformed.
+  column against the accepted syntax; its row is malformed;
+* where pyarrow cannot even hand a row with the wrong field count to its handler (it decodes
+  the row as UTF-8 to do so), every line's fields are counted here instead.
 
 Accepted syntax, per field (empty = missing in every column):
 
@@ -49,6 +51,7 @@ from dlrm_vrgd.data.criteo_validate import bad_values, conversion_error
 DEFAULT_DENSE_FLOOR = -3
 _DENSE_MAX = 1 << 62
 _ONLY_NEWLINES = re.compile(rb"\n*")
+_ROW_ERROR = re.compile(r"Expected \d+ columns, got \d+")
 _MAX_ROUNDS = 64
 
 
@@ -291,6 +294,26 @@ def _parse(
 
     types = fast_types(layout)
     delim = layout.delimiter.encode()
+
+    def fix_field_counts(src: list[bytes] | list[bytearray]) -> int:
+        """Pad or reject every line with the wrong number of fields; how many there were."""
+        nonlocal padded
+        fixed = 0
+        for i, line in enumerate(src):
+            if i in edits:
+                continue
+            actual = line.count(delim) + 1 if line else layout.num_fields
+            if actual < layout.num_fields:
+                edits[i] = bytes(line) + delim * (layout.num_fields - actual)
+                padded += 1
+                fixed += 1
+            elif actual > layout.num_fields:
+                reject(i, _too_many(layout, actual))
+                fixed += 1
+        return fixed
+
+    if not block.isascii():  # pyarrow's row handler would fail on a row that is not UTF-8
+        fix_field_counts(get_lines())
     for _ in range(_MAX_ROUNDS):
         arrow_error: tuple[str, bytes] | None = None
         if edits:
@@ -314,6 +337,10 @@ def _parse(
         except (pa.ArrowInvalid, _Invalid) as err:
             result = None
             if isinstance(err, pa.ArrowInvalid):
+                if _ROW_ERROR.search(str(err)) and fix_field_counts(
+                    current if current is not None else get_lines()
+                ):  # the row handler itself failed
+                    continue
                 arrow_error = conversion_error(err, layout)
         if result is not None:
             if bad and not opts.skip_bad_rows:

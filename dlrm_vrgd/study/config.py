@@ -18,9 +18,24 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dlrm_vrgd.config import ConfigError, TrainConfig, format_validation_error, parse_config
+from dlrm_vrgd.config import (
+    MAX_BATCH,
+    MAX_MICRO_BATCH,
+    MAX_ROWS,
+    MAX_SEED,
+    MAX_STEPS,
+    ConfigError,
+    Count,
+    Real,
+    TrainConfig,
+    format_validation_error,
+    parse_config,
+)
 
-PositiveInt = Annotated[int, Field(gt=0)]
+#: Most cells (trainings) one study may hold.
+MAX_CELLS = 10_000
+#: Longest list of batch sizes, optimizers, LR multipliers or seeds.
+MAX_AXIS = 64
 
 
 class _Section(BaseModel):
@@ -31,46 +46,61 @@ class StudyOptimizer(_Section):
     """One optimizer of the grid: dense and sparse settings plus base LRs at the reference
     batch. ``baseline`` names the optimizer this one is compared against (its base)."""
 
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$")]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$", max_length=100)]
     dense: dict[str, Any]
     sparse: dict[str, Any]
-    dense_lr: Annotated[float, Field(gt=0)]
-    sparse_lr: Annotated[float, Field(gt=0)]
-    baseline: str | None = None
+    dense_lr: Real(gt=0, le=1e6)
+    sparse_lr: Real(gt=0, le=1e6)
+    baseline: Annotated[str, Field(max_length=100)] | None = None
 
 
 class StudyConfig(_Section):
-    name: str = "study"
+    name: Annotated[str, Field(min_length=1, max_length=200)] = "study"
     #: A TrainConfig the cells start from (data, model, and run settings such as eval_rows).
     base: dict[str, Any]
-    batch_sizes: list[PositiveInt] = Field(min_length=1)
+    batch_sizes: list[Count(1, MAX_BATCH)] = Field(min_length=1, max_length=MAX_AXIS)
     #: Micro-batch: ``G / micro_batches`` when set (the same number of gradient groups at every
     #: batch size, so GSNR is estimated alike), else ``min(G, max_micro_batch)``.
-    micro_batches: PositiveInt | None = None
-    max_micro_batch: PositiveInt = 4096
-    steps_at_largest: PositiveInt = 3000
-    optimizers: list[StudyOptimizer] = Field(min_length=1)
+    micro_batches: Count(1, MAX_BATCH) | None = None
+    max_micro_batch: Count(1, MAX_MICRO_BATCH) = 4096
+    steps_at_largest: Count(1, MAX_STEPS) = 3000
+    optimizers: list[StudyOptimizer] = Field(min_length=1, max_length=MAX_AXIS)
     lr_rule: Literal["sqrt", "linear", "none"] = "sqrt"
-    reference_batch: PositiveInt = 1024
-    lr_multipliers: list[Annotated[float, Field(gt=0)]] = Field(
-        default_factory=lambda: [0.125, 0.25, 0.5, 1.0, 2.0], min_length=1
+    reference_batch: Count(1, MAX_BATCH) = 1024
+    lr_multipliers: list[Real(gt=0, le=1e6)] = Field(
+        default_factory=lambda: [0.125, 0.25, 0.5, 1.0, 2.0], min_length=1, max_length=MAX_AXIS
     )
-    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
-    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    seeds: list[Count(0, MAX_SEED)] = Field(
+        default_factory=lambda: [0, 1, 2], min_length=1, max_length=MAX_AXIS
+    )
+    warmup_fraction: Real(ge=0, lt=1) = 0.05
     decay: Literal["none", "poly", "cosine"] = "cosine"
-    min_lr_factor: Annotated[float, Field(ge=0, le=1)] = 0.0
-    evals_per_run: PositiveInt = 10
+    min_lr_factor: Real(ge=0, le=1) = 0.0
+    evals_per_run: Count(1, 100_000) = 10
     #: Cells trained at once, each in its own process with ``cores / workers`` threads (small
     #: models are bound by per-step overhead, which one thread serves as well as two). How the
     #: study runs, not what it measures: a finished study may be resumed with another value.
-    workers: PositiveInt = 1
+    workers: Count(1, 1024) = 1
     #: "Rows to reach" this validation AUC; None: 0.01 below the oracle's validation AUC.
-    target_auc: Annotated[float, Field(gt=0.5, lt=1.0)] | None = None
-    train_eval_rows: PositiveInt = 50_000
+    target_auc: Real(gt=0.5, lt=1.0) | None = None
+    train_eval_rows: Count(1, MAX_ROWS) = 50_000
 
     @model_validator(mode="after")
     def _check(self) -> StudyConfig:
         largest = max(self.batch_sizes)
+        cells = (
+            len(self.batch_sizes)
+            * len(self.optimizers)
+            * len(self.lr_multipliers)
+            * len(self.seeds)
+        )
+        if cells > MAX_CELLS:
+            raise ValueError(f"the grid has {cells:,} cells, more than {MAX_CELLS:,}")
+        if self.train_rows > MAX_ROWS:
+            raise ValueError(
+                f"steps_at_largest x max(batch_sizes) = {self.train_rows:,} training rows, "
+                f"more than {MAX_ROWS:,}"
+            )
         for g in self.batch_sizes:
             if largest % g:
                 raise ValueError(f"batch_sizes: {g} does not divide the largest, {largest}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import platform
 import time
 from dataclasses import dataclass
@@ -64,6 +65,10 @@ RESUMABLE_CHANGES = {
     "run.tensorboard",
     "run.mlflow",
 }
+
+
+class NonFiniteError(RuntimeError):
+    """Training met a NaN or an infinity (in the loss or the weights) and stopped there."""
 
 
 class Callback:
@@ -186,15 +191,22 @@ class Trainer:
             self.dense_opt.collect()
             self.sparse_opt.collect()
             losses.append(loss.detach())
+        loss = all_mean(float(torch.stack(losses).mean()), self.env)
+        if not math.isfinite(loss):  # every rank sees the same mean: all stop together
+            raise NonFiniteError(
+                f"step {step + 1}: the loss is {loss} (not finite); stopped before updating "
+                "the weights (a learning rate or data.signal_scale too large?)"
+            )
         self.dense_opt.step()
         self.sparse_opt.step()
+        self.check_finite(step + 1, tables=False)
         seconds = time.perf_counter() - t0
         self.step += 1
         record = {
             "step": self.step,
             "samples": self.step * self.cfg.run.global_batch,
             "epoch": round(self.stream.epoch(self.step), 6),
-            "loss": all_mean(float(torch.stack(losses).mean()), self.env),
+            "loss": loss,
             "lr_dense": lr_dense,
             "lr_sparse": lr_sparse,
             "step_seconds": seconds,
@@ -202,6 +214,26 @@ class Trainer:
         }
         record.update(compact_gsnr(self.dense_opt.gsnr_summary()))
         return record
+
+    def check_finite(self, step: int, tables: bool = True) -> None:
+        """Raise :class:`NonFiniteError` naming ``step`` when a dense parameter (replicated:
+        every rank agrees) or, with ``tables``, a weight of this rank's tables (agreed on by an
+        all-reduce: a collective when distributed) is NaN or infinite."""
+        with torch.no_grad():
+            for name, p in self.model.named_dense_parameters():
+                if not bool(torch.isfinite(p).all()):
+                    raise NonFiniteError(f"step {step}: dense parameter {name} is not finite")
+            if not tables:
+                return
+            bad = [
+                name
+                for lk in self.lookups
+                for name, w in zip(lk.table_names, lk.table_weights(), strict=True)
+                if not bool(torch.isfinite(w).all())
+            ]
+        if all_mean(float(bool(bad)), self.env) > 0:
+            where = f"table(s) {', '.join(bad)}" if bad else "a table of another rank"
+            raise NonFiniteError(f"step {step}: {where} not finite")
 
     def gsnr_record(self) -> dict[str, Any]:
         """Per-tensor (dense) and per-table (sparse, from every rank) GSNR figures of the last
@@ -275,7 +307,9 @@ class Trainer:
         self.best_val = state.get("best_val")
 
     def save_checkpoint(self, out_dir: Path) -> None:
-        """Every rank writes its state; rank 0 seals the checkpoint once all have."""
+        """Every rank writes its state; rank 0 seals the checkpoint once all have. Weights that
+        are not finite are never saved (:class:`NonFiniteError`; older checkpoints stay)."""
+        self.check_finite(self.step)
         ckpt.write_rank_state(out_dir, self.step, self.env.rank, self.state_dict())
         barrier(self.env)
         if self.env.is_main:
@@ -326,13 +360,22 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def check_resume(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
-    """The checkpoint to resume from (None: start afresh), or a clear error before any work."""
+def check_resume(
+    out: Path, cfg: TrainConfig, resume: bool, skipped: list[tuple[Path, str]] | None = None
+) -> Path | None:
+    """The checkpoint to resume from (None: start afresh), or a clear error before any work.
+
+    That is the newest checkpoint that verifies; newer, damaged ones are logged and appended to
+    ``skipped`` (path, reason)."""
     if not resume:
         if (out / rundir.CONFIG).exists():
             raise FileExistsError(f"{out} already holds a run: pass --resume or another --out")
         return None
-    latest = ckpt.latest_checkpoint(out)
+    latest, damaged = ckpt.newest_verified(out)
+    for path, reason in damaged:
+        logger.warning("skipping damaged checkpoint %s: %s", path.name, reason)
+    if skipped is not None:
+        skipped += damaged
     if latest is None:
         return None
     manifest = ckpt.read_manifest(latest)
@@ -366,7 +409,8 @@ def train(
     """
     env = env or DistEnv()
     out = Path(out_dir) if out_dir is not None else None
-    latest = check_resume(out, cfg, resume) if out is not None else None
+    skipped: list[tuple[Path, str]] = []
+    latest = check_resume(out, cfg, resume, skipped) if out is not None else None
     trainer = Trainer(cfg, env=env)  # everything that can fail on bad input fails before writes
     main = env.is_main
     if latest is not None:
@@ -397,6 +441,15 @@ def train(
     }
     if sink:
         sink.start({"kind": "start", "step": trainer.step, **info})
+        if skipped:  # say in the run's record why it went back further than its newest
+            sink.metrics(
+                {
+                    "kind": "checkpoint_fallback",
+                    "step": trainer.step,
+                    "resumed_from": latest.name if latest is not None else None,
+                    "skipped": [{"checkpoint": p.name, "reason": r} for p, r in skipped],
+                }
+            )
     for cb in callbacks:
         cb.on_start(info)
 
@@ -428,6 +481,7 @@ def train(
             if out and run.checkpoint_every and trainer.step % run.checkpoint_every == 0:
                 trainer.save_checkpoint(out)
 
+        trainer.check_finite(trainer.step)  # no result from non-finite weights
         t0 = time.perf_counter()
         val = _eval_record(trainer, "val", None)
         test = _eval_record(trainer, "test", None)

@@ -96,7 +96,24 @@ def read_jsonl(path: Path, start: int = 0) -> list[dict[str, Any]]:
     end = data.rfind(b"\n")
     if end < 0:
         return []
-    return [json.loads(line) for line in data[: end + 1].splitlines() if line.strip()]
+    out = []
+    for n, line in enumerate(data[: end + 1].split(b"\n")[:-1], start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}" if not start else f"{path}: line {n} after byte {start}"
+        try:
+            record = json.loads(line)
+        except ValueError as err:  # also bytes that are not UTF-8
+            raise ValueError(f"{where}: not a JSON record ({err})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: not a JSON object")
+        out.append(record)
+    return out
+
+
+def _step(record: dict[str, Any]) -> float:
+    value = record.get("step", 0)
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else 0
 
 
 def truncate_jsonl_after(path: Path, step: int) -> None:
@@ -104,7 +121,7 @@ def truncate_jsonl_after(path: Path, step: int) -> None:
     path = Path(path)
     if not path.exists():
         return
-    kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= step]
+    kept = [r for r in read_jsonl(path) if _step(r) <= step]
     atomic_write_bytes(path, "".join(dumps(r) + "\n" for r in kept).encode())
 
 

@@ -16,3 +16,6 @@ CONFLICT: dict[int | str, dict[str, Any]] = {
 INVALID: dict[int | str, dict[str, Any]] = {
     422: {"model": ValidationMessage, "description": "Invalid input; `field` names it"}
 }
+UNAVAILABLE: dict[int | str, dict[str, Any]] = {
+    503: {"model": Message, "description": "The backend cannot take jobs now; `detail` says why"}
+}

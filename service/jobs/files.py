@@ -73,11 +73,19 @@ class JobFiles:
 
 
 def write_config(path: Path, config: dict[str, Any]) -> None:
-    """Write the config YAML atomically (temporary file + rename)."""
+    """Write the config YAML atomically (temporary file + fsync + rename; the temporary file
+    is removed when the write fails, e.g. on a full disk)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w") as f:
+            f.write(yaml.safe_dump(config, sort_keys=False))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def remove_tree(path: Path) -> None:
@@ -151,6 +159,8 @@ def resolve_artifact(files: JobFiles, name: str) -> Path:
     except (FileNotFoundError, NotADirectoryError, RuntimeError, OSError):
         raise ArtifactNotFound(f"no artifact {name!r}") from None
     if not target.is_relative_to(root) or not target.is_file():
+        raise ArtifactNotFound(f"no artifact {name!r}")
+    if any(p.startswith(".") for p in target.relative_to(root).parts):  # a link to a hidden one
         raise ArtifactNotFound(f"no artifact {name!r}")
     return target
 

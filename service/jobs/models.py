@@ -68,6 +68,10 @@ class JobRow(Base):
     pid: Mapped[int | None] = mapped_column(Integer, default=None)
     pgid: Mapped[int | None] = mapped_column(Integer, default=None)
     proc_start: Mapped[str | None] = mapped_column(String(32), default=None)
+    #: The backend that launched it ("local", "slurm"; None = local, before backends) and,
+    #: for Slurm, its Slurm job id (set once sbatch accepted it).
+    backend: Mapped[str | None] = mapped_column(String(16), default=None)
+    slurm_job_id: Mapped[str | None] = mapped_column(String(32), default=None)
     #: Exit status of the process; negative = killed by that signal (subprocess convention).
     exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
     #: Why a job failed (exit status and last log lines) or how it ended when not plain.
@@ -79,6 +83,10 @@ class JobRow(Base):
     metrics_offset: Mapped[int] = mapped_column(Integer, default=0)
     gsnr_offset: Mapped[int] = mapped_column(Integer, default=0)
     next_seq: Mapped[int] = mapped_column(Integer, default=1)
+
+
+#: Columns added after the first release: (name, SQL type), added to an older store on open.
+ADDED_JOB_COLUMNS = (("backend", "VARCHAR(16)"), ("slurm_job_id", "VARCHAR(32)"))
 
 
 class RecordRow(Base):

@@ -27,6 +27,15 @@ GPUs (``service/jobs/gpus.py``): a job starts only when the GPUs it asks for are
 them in ``CUDA_VISIBLE_DEVICES`` (a CPU job gets none) and holds them until it ends, however it
 ends; a re-attached job keeps the GPUs it had. A queued job that asks for more GPUs than the
 host has fails at once instead of blocking the queue.
+
+Backends (``service/jobs/backends/``, ``DLRM_VRGD_BACKEND``): what starts, observes and stops
+a job's processes. The above is the ``local`` backend. With ``slurm``, every queued job is
+handed to Slurm at once (no concurrency limit, no GPU allocator: Slurm queues and gives GPUs)
+and stays ``queued`` here while Slurm holds it pending (its reason noted: "queued in Slurm:
+Resources"); it becomes ``running`` when Slurm starts it, and ends as Slurm says it ended
+(TIMEOUT, NODE_FAIL... fail it with that reason). Cancel is ``scancel``; the job is reported
+cancelled once Slurm says it ended. After a restart every job with a Slurm job id is asked
+about in Slurm and followed again; none is submitted twice.
 """
 
 from __future__ import annotations
@@ -35,15 +44,26 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.errors import IllegalTransition, JobNotFound
-from service.jobs import process
-from service.jobs.files import JobFiles, read_result, tail_lines
+from service.jobs.backends import make_backend, process
+from service.jobs.backends.base import (
+    ENDED,
+    PENDING,
+    UNKNOWN,
+    AppStatus,
+    Backend,
+    BackendUnavailable,
+    Handle,
+    LaunchRequest,
+    ScheduleError,
+)
+from service.jobs.backends.local import JOB_ENV, KILL_WAIT_S, LocalHandle
+from service.jobs.backends.slurm import time_limit_minutes
+from service.jobs.files import JobFiles, read_result
 from service.jobs.gpus import (
     GPU_ENV,
     GpuAllocator,
@@ -52,7 +72,6 @@ from service.jobs.gpus import (
     read_assignment,
     resolve_gpus,
     visible_devices,
-    write_assignment,
 )
 from service.jobs.ingest import read_new_records, update_progress
 from service.jobs.kinds import KINDS
@@ -66,40 +85,33 @@ logger = logging.getLogger(__name__)
 
 #: Log lines kept in a failed job's reason.
 REASON_LOG_LINES = 20
-#: Seconds to wait for a process group to vanish after SIGKILL.
-KILL_WAIT_S = 5.0
-
-#: Environment variable naming the job in every process of it (torchrun's workers included,
-#: which run in sessions of their own): how the runner finds all of a job's processes.
-JOB_ENV = "DLRM_VRGD_JOB_ID"
 #: (job, its files) -> argv; the default runs the job kind's command.
 CommandFn = Callable[[Job, JobFiles], list[str]]
+__all__ = ["JOB_ENV", "KILL_WAIT_S", "ActiveJob", "Runner"]
 
 
 @dataclass
 class ActiveJob:
-    """A running job the runner follows."""
+    """A launched job the runner follows."""
 
     job_id: str
-    pid: int
-    pgid: int
-    proc_start: str | None
+    handle: Handle
     timeout_s: float | None
-    #: monotonic time after which the job times out, if it has a timeout.
+    #: monotonic time after which the job times out, if the runner enforces its timeout.
     deadline: float | None
-    #: Our child; None for a job re-attached after a restart (not our child: no exit status).
-    popen: subprocess.Popen[bytes] | None
+    #: The job's state in the store as the runner last set it: ``queued`` while a scheduler
+    #: holds it pending, then ``running``.
+    state: str = RUNNING
     #: "cancel", "timeout" or "shutdown" once the job is being stopped.
     stop_reason: str | None = None
     stop_sent: float = 0.0
     killed: bool = False
+    #: The last reason noted in the job's state records (pending reason, scheduler trouble).
+    noted: str | None = None
 
-    def exit_status(self) -> tuple[bool, int | None]:
-        """(exited?, exit status when known)."""
-        if self.popen is not None:
-            rc = self.popen.poll()
-            return rc is not None, rc
-        return not process.is_alive(self.pid, self.proc_start), None
+    @property
+    def pid(self) -> int | None:
+        return self.handle.pid if isinstance(self.handle, LocalHandle) else None
 
 
 class Runner:
@@ -111,13 +123,18 @@ class Runner:
         store: Store,
         notifier: Notifier,
         command: CommandFn | None = None,
+        backend: Backend | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.notifier = notifier
         self._command = command or self._kind_command
+        #: What runs the jobs' processes (DLRM_VRGD_BACKEND).
+        self.backend = backend or make_backend(settings)
         #: The GPUs jobs may use and which job holds which.
         self.gpus = GpuAllocator(resolve_gpus(settings.gpus, os.environ.get(GPU_ENV)))
+        #: Queued jobs already told why the scheduler did not take them yet.
+        self._handover_noted: dict[str, str] = {}
         #: Queued jobs already told that they wait for GPUs.
         self._gpu_waiting: set[str] = set()
         self._active: dict[str, ActiveJob] = {}
@@ -137,14 +154,25 @@ class Runner:
 
     @property
     def active_pids(self) -> dict[str, int]:
-        """job id -> pid of the jobs being followed."""
-        return {job_id: a.pid for job_id, a in self._active.items()}
+        """job id -> pid of the local jobs being followed."""
+        return {job_id: a.pid for job_id, a in self._active.items() if a.pid is not None}
+
+    @property
+    def queues_jobs(self) -> bool:
+        """The backend queues jobs itself (Slurm): no local concurrency limit or GPUs."""
+        return self.backend.queues_jobs
 
     async def start(self) -> None:
-        """Recover jobs left running by a previous service, then start the loop."""
+        """Recover jobs left running by a previous service, then start the loop.
+
+        Raises :class:`BackendUnavailable` when the backend cannot run jobs (Slurm missing)."""
         self._loop = asyncio.get_running_loop()
         self._stopping = False
-        logger.info("GPUs for jobs: %s", ",".join(self.gpus.devices) or "none")
+        await asyncio.to_thread(self.backend.check)
+        if self.queues_jobs:
+            logger.info("jobs run through %s", self.backend.name)
+        else:
+            logger.info("GPUs for jobs: %s", ",".join(self.gpus.devices) or "none")
         for active in await asyncio.to_thread(self._recover):
             self._active[active.job_id] = active
         self._task = asyncio.create_task(self._run(), name="dlrm-vrgd-runner")
@@ -164,14 +192,11 @@ class Runner:
                 "leaving %d running job(s) running; the next start re-attaches them",
                 len(self._active),
             )
-            for active in self._active.values():
-                if active.popen is not None:
-                    # Not ours to wait for any more; stops Popen.__del__ warning about it.
-                    active.popen.returncode = 0
+            self.backend.close()
             self._active.clear()
             return
         for active in self._active.values():
-            self._begin_stop(active, "shutdown")
+            await self._begin_stop(active, "shutdown")
         deadline = time.monotonic() + self.settings.cancel_grace_s + KILL_WAIT_S + 5
         while self._active and time.monotonic() < deadline:
             for active in list(self._active.values()):
@@ -193,7 +218,7 @@ class Runner:
         job = await asyncio.to_thread(self.store.get_job, job_id)
         if job is None:
             raise JobNotFound(job_id)
-        if job.state == QUEUED:
+        if job.state == QUEUED and job_id not in self._active and job_id not in self._launching:
             cancelled = await asyncio.to_thread(
                 self.store.transition,
                 job_id,
@@ -212,7 +237,7 @@ class Runner:
             raise IllegalTransition(f"job {job_id} is already {job.state}; nothing to cancel")
         active = self._active.get(job_id)
         if active is not None:
-            self._begin_stop(active, "cancel")
+            await self._begin_stop(active, "cancel")
         else:
             self._pending_cancel.add(job_id)
         self.wake()
@@ -245,18 +270,24 @@ class Runner:
         added = await asyncio.to_thread(self._ingest, active.job_id)
         if added:
             self.notifier.notify(active.job_id)
-        exited, status = active.exit_status()
-        if exited:
+        if self.backend.queues_jobs:
+            status = await asyncio.to_thread(self.backend.describe, active.handle)
+        else:
+            status = self.backend.describe(active.handle)
+        if status.phase == ENDED:
             await asyncio.to_thread(self._finish, active, status)
             self._active.pop(active.job_id, None)
             self._release_gpus(active.job_id)
             self.notifier.notify(active.job_id)
             self._signal_done(active.job_id)
             return
+        if status.phase != active.state or status.reason != active.noted:
+            if await asyncio.to_thread(self._observe, active, status):
+                self.notifier.notify(active.job_id)
         now = time.monotonic()
         if active.stop_reason is None and active.deadline is not None and now >= active.deadline:
             logger.info("job %s: timed out after %.0f s", active.job_id, active.timeout_s or 0)
-            self._begin_stop(active, "timeout")
+            await self._begin_stop(active, "timeout")
         elif (
             active.stop_reason is not None
             and not active.killed
@@ -267,7 +298,7 @@ class Runner:
             active.killed = True
 
     async def _start_queued(self) -> None:
-        while len(self._active) + len(self._launching) < self.settings.max_concurrent_jobs:
+        while await self._may_start_another():
             picked, noted, failed = await asyncio.to_thread(self._pick_queued)
             for job_id in noted + failed:
                 self.notifier.notify(job_id)
@@ -292,19 +323,34 @@ class Runner:
             self._active[job.id] = active
             if job.id in self._pending_cancel:
                 self._pending_cancel.discard(job.id)
-                self._begin_stop(active, "cancel")
+                await self._begin_stop(active, "cancel")
 
-    def _begin_stop(self, active: ActiveJob, reason: str) -> None:
+    async def _may_start_another(self) -> bool:
+        if self.settings.max_concurrent_jobs == 0:
+            return False  # every job held in the queue
+        if self.backend.queues_jobs:  # no limit here; the scheduler must answer (not on the loop)
+            return await asyncio.to_thread(self.backend.available) is None
+        return len(self._active) + len(self._launching) < self.settings.max_concurrent_jobs
+
+    async def _begin_stop(self, active: ActiveJob, reason: str) -> None:
         if active.stop_reason is not None:
             return
         active.stop_reason = reason
         active.stop_sent = time.monotonic()
-        logger.info("job %s: %s: SIGTERM to process group %d", active.job_id, reason, active.pgid)
-        process.signal_group(active.pgid, signal.SIGTERM)
-        process.signal_processes(self._processes(active), signal.SIGTERM)
-        if self.settings.cancel_grace_s <= 0:
-            self._kill_all(active)
-            active.killed = True
+        logger.info("job %s: %s", active.job_id, reason)
+        if self.backend.queues_jobs:  # a scheduler's command may take a while: not on the loop
+            await asyncio.to_thread(self._send_stop, active)
+        else:
+            self._send_stop(active)
+
+    def _send_stop(self, active: ActiveJob) -> None:
+        try:
+            self.backend.cancel(active.handle)
+            if self.settings.cancel_grace_s <= 0:
+                self._kill_all(active)
+                active.killed = True
+        except BackendUnavailable as err:  # asked again after the grace period
+            logger.error("job %s: could not %s it: %s", active.job_id, active.stop_reason, err)
 
     def _signal_done(self, job_id: str) -> None:
         event = self._done.pop(job_id, None)
@@ -323,7 +369,12 @@ class Runner:
     ) -> tuple[tuple[Job, tuple[str, ...]] | None, list[str], list[str]]:
         """The next queued job to start with the GPUs allocated to it (or None), the jobs
         just told that they wait for GPUs, and the jobs failed for asking more than the host
-        has. FIFO; see :func:`service.jobs.gpus.next_job` for who may overtake whom."""
+        has. FIFO; see :func:`service.jobs.gpus.next_job` for who may overtake whom. A backend
+        that queues jobs itself gets them in FIFO order, with no GPUs from here."""
+        if self.backend.queues_jobs:
+            busy = set(self._launching) | set(self._active)
+            head = self.store.next_queued(busy)
+            return ((head, ()) if head is not None else None), [], []
         backfill = self.settings.gpu_backfill
         if backfill:
             queue = [j for j in self.store.jobs_in_state(QUEUED) if j.id not in self._launching]
@@ -370,19 +421,18 @@ class Runner:
 
     def _launch(self, job: Job, devices: tuple[str, ...] = ()) -> ActiveJob | None:
         """queued -> running, then start the process on ``devices`` (its GPUs); None if the
-        job did not start."""
+        job did not start. A backend that queues jobs gets the job while it stays queued."""
+        if self.backend.queues_jobs:
+            return self._hand_over(job)
         started = self.store.transition(job.id, [QUEUED], RUNNING, started_at=utcnow())
         if started is None:
             return None  # cancelled or deleted meanwhile
         files = self.files(job.id)
+        timeout = job.timeout_s or self.settings.job_timeout_s
         try:
             cmd = self._command(job, files)
-            files.root.mkdir(parents=True, exist_ok=True)
-            write_assignment(files.root, devices)
-            env = self._child_env(job.id)
-            env[GPU_ENV] = visible_devices(devices)
-            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # indices as nvidia-smi's
-            popen = process.spawn(cmd, files.root, files.log, env)
+            request = LaunchRequest(job, files, cmd, self._child_env(job.id), devices, timeout)
+            handle = self.backend.schedule(request)
         except Exception as err:
             logger.exception("job %s: could not start", job.id)
             self.store.transition(
@@ -394,30 +444,93 @@ class Runner:
                 error=f"could not start the job: {err}",
             )
             return None
-        if self.settings.job_nice:
-            process.renice(popen.pid, self.settings.job_nice)
+        assert isinstance(handle, LocalHandle)
         self.store.update_job(
-            job.id, pid=popen.pid, pgid=popen.pid, proc_start=process.start_time(popen.pid)
+            job.id, pid=handle.pid, pgid=handle.pgid, proc_start=handle.proc_start
         )
-        timeout = job.timeout_s or self.settings.job_timeout_s
         if devices:
             self.store.note(job.id, f"running on GPU(s) {visible_devices(devices)}")
         logger.info(
             "job %s: started, pid %d, GPUs %s: %s",
             job.id,
-            popen.pid,
+            handle.pid,
             visible_devices(devices) or "none",
             " ".join(cmd),
         )
         return ActiveJob(
             job_id=job.id,
-            pid=popen.pid,
-            pgid=popen.pid,
-            proc_start=process.start_time(popen.pid),
+            handle=handle,
             timeout_s=timeout,
             deadline=time.monotonic() + timeout if timeout else None,
-            popen=popen,
         )
+
+    def _hand_over(self, job: Job) -> ActiveJob | None:
+        """Submit a queued job to the scheduler; it stays queued until the scheduler starts
+        it. A job the scheduler refuses fails with its answer; one it cannot take now (its
+        controller unreachable) stays queued and is tried again."""
+        files = self.files(job.id)
+        timeout = job.timeout_s or self.settings.job_timeout_s
+        try:
+            cmd = self._command(job, files)
+            request = LaunchRequest(job, files, cmd, self._child_env(job.id), (), timeout)
+            handle = self.backend.schedule(request)
+        except BackendUnavailable as err:
+            logger.error("job %s: %s unavailable, trying again: %s", job.id, self.backend.name, err)
+            note = f"waiting for {self.backend.name}: {err}"
+            if self._handover_noted.get(job.id) != note:  # once per cause, not every tick
+                self._handover_noted[job.id] = note
+                self.store.note(job.id, note)
+            return None
+        except Exception as err:
+            logger.warning("job %s: %s refused it: %s", job.id, self.backend.name, err)
+            self._handover_noted.pop(job.id, None)
+            message = str(err) if isinstance(err, ScheduleError) else f"could not submit: {err}"
+            self.store.transition(
+                job.id, [QUEUED], FAILED, message, finished_at=utcnow(), error=message
+            )
+            return None
+        self._handover_noted.pop(job.id, None)
+        active = ActiveJob(job_id=job.id, handle=handle, timeout_s=timeout, deadline=None)
+        active.state = QUEUED
+        stored = self.store.set_if_state(
+            job.id, [QUEUED], backend=self.backend.name, slurm_job_id=handle.app_id
+        )
+        if stored is None:  # cancelled (or deleted) while sbatch ran: end it there too
+            logger.info("job %s: cancelled while being submitted; cancelling it there", job.id)
+            with contextlib.suppress(BackendUnavailable):
+                self.backend.cancel(handle)
+            self.backend.settle(handle)
+            return None
+        note = f"submitted to {self.backend.name} as job {handle.app_id}"
+        self.store.note(job.id, note)
+        logger.info("job %s: %s: %s", job.id, note, " ".join(cmd))
+        return active
+
+    def _observe(self, active: ActiveJob, status: AppStatus) -> bool:
+        """Record what the backend says of a job that has not ended: queued -> running when
+        the scheduler starts it; its pending reason or trouble as a note. True if recorded."""
+        if status.phase == UNKNOWN:
+            if status.reason == active.noted:
+                return False
+            active.noted = status.reason
+            logger.warning("job %s: %s", active.job_id, status.reason)
+            self.store.note(active.job_id, f"cannot follow it now: {status.reason}")
+            return True
+        if status.phase == PENDING or active.state == RUNNING:
+            if status.reason == active.noted or not status.reason:
+                return False
+            active.noted = status.reason
+            self.store.note(active.job_id, status.reason)
+            return True
+        on = f" on {status.nodes}" if status.nodes else ""
+        message = f"{status.reason or 'running'}{on}"
+        moved = self.store.transition(
+            active.job_id, [QUEUED], RUNNING, message, started_at=utcnow()
+        )
+        active.state, active.noted = RUNNING, status.reason
+        if moved is not None:
+            logger.info("job %s: %s", active.job_id, message)
+        return moved is not None
 
     def _ingest(self, job_id: str) -> int:
         """Tail the job's metrics.jsonl and gsnr.jsonl into the store."""
@@ -443,38 +556,27 @@ class Runner:
         progress["updated_at"] = utcnow().isoformat()
         return self.store.ingest(job_id, metrics, m_off, gsnr, g_off, progress)
 
-    def _processes(self, active: ActiveJob) -> list[int]:
-        return process.job_processes(active.pgid, f"{JOB_ENV}={active.job_id}")
-
     def _kill_all(self, active: ActiveJob) -> None:
-        """SIGKILL the job's process group and every process carrying its marker."""
-        process.signal_group(active.pgid, signal.SIGKILL)
-        process.signal_processes(self._processes(active), signal.SIGKILL)
+        """The grace period is over: SIGKILL the job's processes (ask the scheduler again)."""
+        try:
+            self.backend.kill(active.handle)
+        except BackendUnavailable as err:
+            logger.error("job %s: could not kill it: %s", active.job_id, err)
 
-    def _reap_group(self, active: ActiveJob) -> None:
-        """SIGKILL whatever is left of the job and wait until no process of it is left."""
-        if not self._processes(active):
-            return
-        logger.info("job %s: killing its remaining processes", active.job_id)
-        deadline = time.monotonic() + KILL_WAIT_S
-        while time.monotonic() < deadline:
-            left = self._processes(active)
-            if not left:
-                return
-            process.signal_group(active.pgid, signal.SIGKILL)
-            process.signal_processes(left, signal.SIGKILL)
-            time.sleep(0.05)
-        logger.error("job %s: processes %s survive SIGKILL", active.job_id, self._processes(active))
-
-    def _finish(self, active: ActiveJob, status: int | None, orphaned: bool = False) -> None:
+    def _finish(self, active: ActiveJob, status: AppStatus, orphaned: bool = False) -> None:
         """Settle a job whose main process ended: ingest the rest, clean the group, decide."""
         self._ingest(active.job_id)
-        self._reap_group(active)
+        self.backend.settle(active.handle)
+        if self.backend.queues_jobs:
+            self._finish_scheduled(active, status)
+            return
+        assert isinstance(active.handle, LocalHandle)
+        pid, exit_code = active.handle.pid, status.exit_code
         files = self.files(active.job_id)
         result = read_result(files)
-        finished = result is not None and (status == 0 or status is None)
+        finished = result is not None and (exit_code == 0 or exit_code is None)
         now = utcnow()
-        fields: dict[str, object] = {"finished_at": now, "exit_code": status}
+        fields: dict[str, object] = {"finished_at": now, "exit_code": exit_code}
         if finished and active.stop_reason in (None, "cancel", "timeout", "shutdown"):
             note = None
             if active.stop_reason is not None:
@@ -489,38 +591,101 @@ class Runner:
         elif active.stop_reason == "timeout":
             state = FAILED
             message = f"timed out after {active.timeout_s:g} s"
-            fields["error"] = self._reason(message, files)
+            fields["error"] = self._reason(message, active)
         else:
             state = FAILED
-            how = process.describe_exit(status)
+            how = process.describe_exit(exit_code)
             if orphaned:
                 message = (
-                    f"process {active.pid} was gone when the service restarted ({how}; "
+                    f"process {pid} was gone when the service restarted ({how}; "
                     "it ended while the service was down)"
                 )
-            elif active.popen is None:
-                message = f"process {active.pid} ended without a result ({how}; re-attached job)"
-            elif status == 0:
+            elif active.handle.popen is None:
+                message = f"process {pid} ended without a result ({how}; re-attached job)"
+            elif exit_code == 0:
                 message = "exit status 0 but no result.json"
             else:
                 message = how
-            fields["error"] = self._reason(message, files)
+            fields["error"] = self._reason(message, active)
         job = self.store.transition(active.job_id, [RUNNING], state, message, **fields)
         if job is not None:
             logger.info("job %s: %s%s", active.job_id, state, f" ({message})" if message else "")
 
-    @staticmethod
-    def _reason(head: str, files: JobFiles) -> str:
-        lines = tail_lines(files.log, REASON_LOG_LINES)
+    def _finish_scheduled(self, active: ActiveJob, status: AppStatus) -> None:
+        """Settle a job the scheduler says ended, from its verdict (and result.json)."""
+        files = self.files(active.job_id)
+        result = read_result(files)
+        label = f"{self.backend.name.capitalize()} job {active.handle.app_id}"
+        code = status.exit_code
+        fields: dict[str, object] = {"finished_at": utcnow(), "exit_code": code}
+        if status.outcome is None and result is not None:
+            state, fields["result"] = SUCCEEDED, result
+            message = None
+            if active.stop_reason is not None:
+                message = f"finished before the {active.stop_reason} took effect"
+        elif status.outcome is None:
+            state = FAILED
+            message = f"{label} {status.reason or 'ended'} but the run wrote no result.json"
+            fields["error"] = self._reason(message, active)
+        elif status.outcome == "cancelled":
+            state = CANCELLED
+            if active.stop_reason == "cancel":
+                message = "cancelled"
+            elif active.stop_reason == "shutdown":
+                message = "the service shut down"
+            else:
+                message = f"{label} {status.reason}: cancelled outside the service"
+        else:
+            state = FAILED
+            message = f"{label} {status.reason}"
+            if status.scheduler_state == "TIMEOUT" and active.timeout_s:
+                message += f" ({time_limit_minutes(active.timeout_s)} min)"
+            if code:
+                message += f", {process.describe_exit(code)}"
+            details = self.backend.explain(active.handle, files)
+            if details:
+                message += "; " + "; ".join(details)
+            fields["error"] = self._reason(message, active)
+        if state == SUCCEEDED:  # ran between two looks: it was running after all
+            self.store.transition(
+                active.job_id, [QUEUED], RUNNING, status.reason, started_at=utcnow()
+            )
+        job = self.store.transition(active.job_id, [QUEUED, RUNNING], state, message, **fields)
+        if job is not None:
+            logger.info("job %s: %s%s", active.job_id, state, f" ({message})" if message else "")
+
+    def _reason(self, head: str, active: ActiveJob) -> str:
+        files = self.files(active.job_id)
+        lines = list(self.backend.log_iter(active.handle, files, REASON_LOG_LINES))
         if not lines:
             return head
         return head + "; last log lines:\n" + "\n".join(lines)
 
     def _recover(self) -> list[ActiveJob]:
-        """Settle or re-attach the jobs a previous service left ``running``."""
+        """Settle or re-attach the jobs a previous service left ``running`` (and, with a
+        scheduler, the ``queued`` ones it had handed over)."""
         reattached = []
-        for job in self.store.jobs_in_state(RUNNING):
-            if job.pid is None or job.pgid is None:
+        jobs = self.store.jobs_in_state(RUNNING)
+        if self.backend.queues_jobs:
+            jobs += self.store.jobs_in_state(QUEUED)
+        for job in jobs:
+            launched_by = job.backend or "local"
+            if launched_by != self.backend.name:
+                if job.state == QUEUED:
+                    continue  # never handed over: this backend will run it
+                message = (
+                    f"started through the {launched_by} backend; this service runs "
+                    f"{self.backend.name} (DLRM_VRGD_BACKEND) and cannot follow it"
+                )
+                logger.error("job %s: %s", job.id, message)
+                self.store.transition(
+                    job.id, [RUNNING], FAILED, message, finished_at=utcnow(), error=message
+                )
+                continue
+            handle = self.backend.recover(job)
+            if handle is None:
+                if job.state == QUEUED:
+                    continue  # never handed over: it starts like any queued job
                 self.store.transition(
                     job.id,
                     [RUNNING],
@@ -532,26 +697,33 @@ class Runner:
                 continue
             timeout = job.timeout_s or self.settings.job_timeout_s
             deadline = None
-            if timeout and job.started_at is not None:
+            if timeout and job.started_at is not None and not self.backend.enforces_time_limit:
                 elapsed = (utcnow() - job.started_at).total_seconds()
                 deadline = time.monotonic() + max(0.0, timeout - elapsed)
-            active = ActiveJob(
-                job_id=job.id,
-                pid=job.pid,
-                pgid=job.pgid,
-                proc_start=job.proc_start,
-                timeout_s=timeout,
-                deadline=deadline,
-                popen=None,
-            )
-            if process.is_alive(job.pid, job.proc_start):
-                logger.warning("job %s: re-attached to process %d", job.id, job.pid)
-                self.store.note(job.id, f"re-attached to process {job.pid} after a restart")
+            active = ActiveJob(job_id=job.id, handle=handle, timeout_s=timeout, deadline=deadline)
+            active.state = job.state
+            if self.backend.queues_jobs:
+                if job.slurm_job_id is None:
+                    self.store.set_if_state(
+                        job.id,
+                        [QUEUED, RUNNING],
+                        backend=self.backend.name,
+                        slurm_job_id=handle.app_id,
+                    )
+                label = f"{self.backend.name.capitalize()} job {handle.app_id}"
+                logger.warning("job %s: following %s again", job.id, label)
+                self.store.note(job.id, f"following {label} again after a restart")
+                reattached.append(active)
+                continue
+            assert isinstance(handle, LocalHandle)
+            if self.backend.describe(handle).phase != ENDED:
+                logger.warning("job %s: re-attached to process %d", job.id, handle.pid)
+                self.store.note(job.id, f"re-attached to process {handle.pid} after a restart")
                 self._adopt_gpus(job)
                 reattached.append(active)
             else:
-                logger.warning("job %s: process %d is gone", job.id, job.pid)
-                self._finish(active, None, orphaned=True)
+                logger.warning("job %s: process %d is gone", job.id, handle.pid)
+                self._finish(active, AppStatus(ENDED), orphaned=True)
         return reattached
 
     def _adopt_gpus(self, job: Job) -> None:

@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dlrm_vrgd.config import CriteoData
+from sqlalchemy.exc import DBAPIError
+
+from dlrm_vrgd.config import CriteoData, TrainConfig
+from dlrm_vrgd.resources import ResourceError, check_fits, check_study_fits
 from dlrm_vrgd.study.config import StudyConfig
 from service.errors import (
     IllegalTransition,
     InvalidInput,
     JobNotFound,
     ResultNotFound,
+    StorageError,
+    Unavailable,
 )
 from service.jobs import files as jobfiles
 from service.jobs.gpus import gpu_request
@@ -52,33 +59,61 @@ class JobService:
         self.notifier = notifier
         #: Set by the server: True once it is shutting down (event streams end).
         self.should_exit: Callable[[], bool] = lambda: False
+        for left in (*settings.jobs_dir.glob(".new-*"), *settings.jobs_dir.glob(".deleted-*")):
+            shutil.rmtree(left, ignore_errors=True)  # a submission or deletion cut short
 
     def files(self, job_id: str) -> jobfiles.JobFiles:
         return self.runner.files(job_id)
 
     # ----------------------------------------------------------------------------- jobs
     def submit(self, body: JobCreate) -> Job:
-        """Store a new queued job (its config written to its directory) and wake the runner."""
+        """Store a new queued job (its config written to its directory) and wake the runner.
+
+        A job that cannot fit a node's memory is refused (422 naming the fields that drive the
+        estimate, see :mod:`dlrm_vrgd.resources`), as is a Criteo path the host cannot open."""
         if isinstance(body.config, StudyConfig):
+            self._check_memory(body.config, ("body", "config"))
             return self._create(body, body.config.model_dump(mode="json"))
         config = body.config
         if isinstance(config.data, CriteoData):
             path = config.data.path.expanduser()
             if not path.is_absolute():
                 path = Path.cwd() / path
-            if not path.is_dir():
+            where = ("body", "config", "data", "path")
+            try:
+                is_dir = path.is_dir()
+            except OSError as err:  # a name too long, a permission, a loop of links
                 raise InvalidInput(
-                    "config.data.path",
-                    f"no such directory on the service host: {path}",
-                    ("body", "config", "data", "path"),
+                    "config.data.path", f"cannot open on the service host: {err.strerror}", where
+                ) from None
+            if not is_dir:
+                raise InvalidInput(
+                    "config.data.path", f"no such directory on the service host: {path}", where
                 )
             data = config.data.model_copy(update={"path": path})
             config = config.model_copy(update={"data": data})
+        self._check_memory(config, ("body", "config"))
         return self._create(body, config.to_dict())
 
+    def _check_memory(self, config: TrainConfig | StudyConfig, loc: tuple[str, ...]) -> None:
+        limit = self.settings.job_memory_bytes
+        try:
+            if isinstance(config, StudyConfig):
+                check_study_fits(config, limit)
+            else:
+                check_fits(config, limit)
+        except ResourceError as err:
+            first, *rest = [f"config.{f}" for f in err.fields]
+            raise InvalidInput(
+                first, str(err), (*loc, *first.split(".")[1:]), also=tuple(rest)
+            ) from None
+
     def _create(self, body: JobCreate, resolved: dict[str, Any]) -> Job:
+        problem = self.runner.backend.available()
+        if problem is not None:
+            raise Unavailable(f"cannot take jobs now: {problem}")
         need, field = gpu_request(resolved)
-        if need > self.runner.gpus.capacity:
+        if not self.runner.queues_jobs and need > self.runner.gpus.capacity:
             have = ",".join(self.runner.gpus.devices) or "none"
             raise InvalidInput(
                 field,
@@ -88,18 +123,28 @@ class JobService:
             )
         job_id = new_job_id()
         files = self.files(job_id)
-        jobfiles.write_config(files.config, resolved)
+        progress = KINDS[body.kind].initial_progress(resolved)
+        # All or nothing: the directory is assembled under a hidden name and renamed into
+        # place whole; the row is written last, and the directory goes if the row fails.
+        staging = files.root.with_name(f".new-{job_id}")
+        try:
+            jobfiles.write_config(staging / files.config.name, resolved)
+            os.replace(staging, files.root)
+        except OSError as err:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise StorageError.from_os_error("the job's config", err) from None
         try:
             job = self.store.create_job(
-                job_id,
-                body.name,
-                body.kind,
-                resolved,
-                body.timeout_s,
-                progress=KINDS[body.kind].initial_progress(resolved),
+                job_id, body.name, body.kind, resolved, body.timeout_s, progress=progress
             )
-        except BaseException:
-            jobfiles.remove_tree(files.root)
+        except BaseException as err:
+            shutil.rmtree(files.root, ignore_errors=True)
+            if isinstance(err, OSError):
+                raise StorageError.from_os_error("the job", err) from None
+            if isinstance(err, DBAPIError):  # SQLite: "database or disk is full", ...
+                raise StorageError(
+                    f"cannot store the job in the service's database: {err.orig}; nothing was kept"
+                ) from None
             raise
         self.runner.wake()
         return job

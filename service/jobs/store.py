@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, delete, event, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.jobs.models import Base, JobRow, RecordRow, utcnow
+from service.jobs.models import ADDED_JOB_COLUMNS, Base, JobRow, RecordRow, utcnow
 from service.jobs.states import QUEUED, can_move
 
 logger = logging.getLogger(__name__)
@@ -56,6 +56,8 @@ class Job:
     result: dict[str, Any] | None = None
     metrics_offset: int = 0
     gsnr_offset: int = 0
+    backend: str | None = None
+    slurm_job_id: str | None = None
 
     @classmethod
     def from_row(cls, row: JobRow) -> Job:
@@ -78,6 +80,8 @@ class Job:
             result=row.result,
             metrics_offset=row.metrics_offset,
             gsnr_offset=row.gsnr_offset,
+            backend=row.backend,
+            slurm_job_id=row.slurm_job_id,
         )
 
 
@@ -138,8 +142,19 @@ class Store:
         self._writer = _sqlite_engine(self.path, immediate=True, pool_size=2)
         self._reader = _sqlite_engine(self.path, immediate=False, pool_size=8)
         Base.metadata.create_all(self._writer)
+        self._add_missing_columns()
         self._write = sessionmaker(self._writer, expire_on_commit=False)
         self._read = sessionmaker(self._reader, expire_on_commit=False)
+
+    def _add_missing_columns(self) -> None:
+        """Bring a store written by an older service up to date (new nullable columns)."""
+        with self._writer.connect() as conn:
+            have = {row[1] for row in conn.exec_driver_sql("PRAGMA table_info(jobs)")}
+            for name, sql_type in ADDED_JOB_COLUMNS:
+                if name not in have:
+                    logger.info("store: adding column jobs.%s", name)
+                    conn.exec_driver_sql(f"ALTER TABLE jobs ADD COLUMN {name} {sql_type}")
+            conn.commit()
 
     def close(self) -> None:
         self._writer.dispose()
@@ -260,6 +275,17 @@ class Store:
             for key, value in fields.items():
                 setattr(row, key, value)
             self._add_state_record(s, row, message, utcnow())
+            return Job.from_row(row)
+
+    def set_if_state(self, job_id: str, states: Iterable[str], **fields: Any) -> Job | None:
+        """Set ``fields`` if the job is in one of ``states`` (no state change); None when it
+        is missing or in another state."""
+        with self._tx() as s:
+            row = s.get(JobRow, job_id)
+            if row is None or row.state not in set(states):
+                return None
+            for key, value in fields.items():
+                setattr(row, key, value)
             return Job.from_row(row)
 
     def update_job(self, job_id: str, **fields: Any) -> Job | None:

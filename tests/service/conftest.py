@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from service.client import ServiceClient
-from service.jobs import process
+from service.jobs.backends import process
 from service.jobs.runner import JOB_ENV
 from service.launcher import LocalService
 
 from ..conftest import tiny_config_dict
+from ..slurm_cluster import SlurmCluster, missing_reason
 
 #: Fast settings for tests: the runner looks at jobs every 0.1 s; cancel escalates after 5 s.
 FAST_ENV = {
@@ -93,3 +94,19 @@ def client_of() -> Iterator[Callable[[LocalService], ServiceClient]]:
     yield make
     for c in clients:
         c.close()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """A real two-node Slurm cluster for the whole test run (SLURM_CONF points at it, so the
+    services the tests start use it); skipped, saying so, where Slurm is not installed."""
+    reason = missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = SlurmCluster.start()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("SLURM_CONF", str(cluster.conf))
+            yield cluster
+    finally:
+        cluster.stop()

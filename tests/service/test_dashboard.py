@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from service.client import ServiceClient
-from service.jobs import process
+from service.jobs.backends import process
 from service.jobs.runner import JOB_ENV
 from service.launcher import LocalService
 

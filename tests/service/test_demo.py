@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service.jobs import process
+from service.jobs.backends import process
 from service.jobs.runner import JOB_ENV
 from service.main import DataDirLock
 

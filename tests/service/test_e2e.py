@@ -9,7 +9,7 @@ import signal
 from collections.abc import Callable
 
 from service.client import ServiceClient
-from service.jobs import process
+from service.jobs.backends import process
 from service.launcher import LocalService
 
 from .conftest import job_pids, long_job, tiny_job, wait_for

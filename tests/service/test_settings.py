@@ -77,3 +77,20 @@ def test_one_service_per_data_directory(tmp_path: Path) -> None:
     second = DataDirLock(tmp_path / "service.lock")
     second.acquire()
     second.release()
+
+
+def test_a_token_of_spaces_is_no_token(tmp_path: Path) -> None:
+    with pytest.raises(StartupRefused, match="other than whitespace"):
+        check_bind(Settings(data_dir=tmp_path, host="0.0.0.0", token=" " * 16))
+    with pytest.raises(StartupRefused, match="other than whitespace"):
+        check_bind(Settings(data_dir=tmp_path, host="0.0.0.0", token=" \t" * 20 + "short"))
+    with pytest.raises(StartupRefused, match="empty"):
+        resolve_token(Settings(data_dir=tmp_path, token=" " * 16))
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlrm_vrgd.cli", "serve", "--host", "0.0.0.0",
+         "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DLRM_VRGD_TOKEN": " " * 16},
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "refusing to listen on 0.0.0.0" in proc.stderr and "Traceback" not in proc.stderr

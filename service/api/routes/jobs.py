@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 
 from service.api.deps import JobId, ServiceDep
-from service.api.responses import CONFLICT, INVALID, NOT_FOUND
+from service.api.responses import CONFLICT, INVALID, NOT_FOUND, UNAVAILABLE
 from service.jobs.states import JobKind, JobState
 from service.schemas import JobCreate, JobPublic, JobsPublic
 
@@ -18,11 +18,12 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=JobPublic,
-    responses={**INVALID},
+    responses={**INVALID, **UNAVAILABLE},
 )
 def create_job(body: JobCreate, service: ServiceDep, response: Response) -> JobPublic:
     """Queue a job. The config is validated by the trainer's own TrainConfig model: unknown
-    keys and bad values answer 422 naming the field, and nothing is stored."""
+    keys and bad values answer 422 naming the field, and nothing is stored. 503 when the
+    backend cannot take jobs now (Slurm's controller unreachable), naming the cause."""
     job = service.submit(body)
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     return JobPublic.from_job(job)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from service.errors import IllegalTransition
-from service.jobs import process
+from service.jobs.backends import process
 from service.jobs.files import JobFiles
 from service.jobs.notifier import Notifier
 from service.jobs.runner import JOB_ENV, Runner

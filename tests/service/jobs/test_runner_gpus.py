@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from service.jobs import process
+from service.jobs.backends import process
 from service.jobs.files import JobFiles
 from service.jobs.gpus import GPU_ENV
 from service.jobs.notifier import Notifier

@@ -122,6 +122,7 @@ export async function jobView(main, jobId) {
     if (job.started_at) parts.push(`${job.finished_at ? "ran" : "running for"} ${duration(ran)}`);
     if (job.finished_at) parts.push(`finished ${localTime(job.finished_at)}`);
     if (isNum(job.exit_code)) parts.push(`exit ${job.exit_code}`);
+    if (job.slurm_job_id) parts.push(h("span", { class: "mono" }, `Slurm job ${job.slurm_job_id}`));
     fill(meta, parts.flatMap((p, i) => (i ? [" · ", p] : [p])));
     cancelBtn.hidden = !ACTIVE.has(job.state);
     const unit = { train: " steps", study: " cells" }[job.kind] ?? "";

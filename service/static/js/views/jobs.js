@@ -147,7 +147,7 @@ export function jobsView(main) {
       h("td", { class: "check" }, box),
       h("td", {}, badge(job.state)),
       h("td", { class: "name" }, link, h("div", { class: "muted small sub", title: `${setup(job)}${job.id}` }, setup(job), h("span", { class: "mono" }, job.id))),
-      h("td", {}, job.kind),
+      h("td", {}, job.kind, job.slurm_job_id ? h("div", { class: "muted small mono" }, `Slurm ${job.slurm_job_id}`) : null),
       h("td", { class: "progress-col" }, progressBar(progressFraction(job), progressText(job))),
       h("td", { class: "num", dataset: { col: "best-auc" } }, fmt(best)),
       h("td", { class: "num", dataset: { col: "oracle-auc" } }, fmt(oracle)),
