@@ -224,7 +224,14 @@ class ModelConfig(_Section):
 DenseOptimizerName = Literal[
     "sgd", "adam", "adamw", "adagrad", "lars", "lamb", "vrsgd", "vradam", "vrlars", "vrlamb"
 ]
-SparseOptimizerName = Literal["rowwise_adagrad", "sgd", "gsnr_rowwise_adagrad", "gsnr_sgd"]
+SparseOptimizerName = Literal[
+    "rowwise_adagrad",
+    "sgd",
+    "gsnr_rowwise_adagrad",
+    "gsnr_sgd",
+    "cowclip_rowwise_adagrad",
+    "cowclip_sgd",
+]
 
 
 class DenseOptimConfig(_Section):
@@ -263,7 +270,11 @@ class SparseOptimConfig(_Section):
     (DESIGN.md 4.3) with lower clip ``gamma`` and the ``step`` or ``ema`` estimator.
     ``gsnr_placement: update`` (default) keeps the kernel's state on the unscaled gradient and
     scales the row's step; ``gradient`` hands ``r_row·ḡ_row`` to the kernel (the first design,
-    whose damping row-wise Adagrad largely cancels; the same as ``update`` for ``sgd``)."""
+    whose damping row-wise Adagrad largely cancels; the same as ``update`` for ``sgd``).
+    The ``cowclip_`` variants clip each touched row's step gradient by CowClip (arXiv
+    2204.06240): ``ḡ_j·min(1, t_j/‖ḡ_j‖)`` with ``t_j = clip_ratio·cnt_j·max(‖w_j‖, zeta·√D)``
+    on the summed-gradient scale, then add ``weight_decay·w_j`` (see
+    :mod:`dlrm_vrgd.optim.sparse`)."""
 
     name: SparseOptimizerName = "rowwise_adagrad"
     lr: Real(gt=0.0, le=1e6) = 0.05
@@ -272,17 +283,35 @@ class SparseOptimConfig(_Section):
     estimator: Literal["step", "ema"] = "step"
     ema_beta: Fraction = 0.9
     gsnr_placement: Literal["update", "gradient"] = "update"
+    #: CowClip's r: the row's summed gradient is bounded by r x occurrences x max(‖w‖, ζ√D).
+    clip_ratio: Real(gt=0.0, le=1e30) = 1.0
+    #: CowClip's ζ: the lower bound of the weight norm is ζ·√D.
+    zeta: Real(ge=0.0, le=1e6) = 1e-5
+    #: CowClip's λ: ``λ·w_j`` is added to each touched row's (mean-loss) gradient.
+    weight_decay: Real(ge=0.0, le=1e6) = 0.0
     #: Rows replayed through the fused kernel per call (bounds transient memory).
     replay_chunk_rows: Count(1, MAX_MICRO_BATCH) = 65_536
 
     @property
     def kernel(self) -> str:
         """The fused FBGEMM update: ``rowwise_adagrad`` or ``sgd``."""
-        return self.name.removeprefix("gsnr_")
+        return self.name.removeprefix("gsnr_").removeprefix("cowclip_")
 
     @property
     def gsnr(self) -> bool:
         return self.name.startswith("gsnr_")
+
+    @property
+    def cowclip(self) -> bool:
+        return self.name.startswith("cowclip_")
+
+    @model_validator(mode="after")
+    def _check_weight_decay(self) -> SparseOptimConfig:
+        if self.weight_decay and not self.cowclip:
+            raise ValueError(
+                f"weight_decay applies to the cowclip_* optimizers only, not {self.name!r}"
+            )
+        return self
 
 
 class ScheduleConfig(_Section):

@@ -10,7 +10,10 @@ gradient of every touched row, separately for each *group* of bags::
     g[row, group] = Σ_{bags b of group, j in b with indices[j] == row} w_j · ∂L/∂pooled[b, cols(f)]
 
 with ``w_j`` the per-sample weight (1 when unweighted), divided by the bag length for mean pooling.
-Rows of all features mapped to the same table are summed before anything else.
+Rows of all features mapped to the same table are summed before anything else. Each
+``(row, group)`` also carries how many times the row's id occurs among the group's lookups
+(``RowGrads.counts``: one ``bincount`` of the ids already sorted for the sum — CowClip's
+``cnt_j``), whatever the per-sample weights or pooling.
 
 Tables that share an embedding dim are numbered into one *row space* (:class:`RowSpace`, like
 the TBE's own ``hash_size_cumsum``), so one micro-batch costs one sort of its looked-up ids and
@@ -84,17 +87,19 @@ class LookupLayout:
 class RowGrads:
     """Per-(row, group) gradients in one row space, sorted by ``(row, group)``.
 
-    ``rows`` U int64 global rows, ``groups`` U int64 (0..G-1 within the call), ``grads`` U x D.
+    ``rows`` U int64 global rows, ``groups`` U int64 (0..G-1 within the call), ``grads`` U x D,
+    ``counts`` U int64: occurrences of the row's id among the group's lookups (>= 1).
     """
 
     rows: torch.Tensor
     groups: torch.Tensor
     grads: torch.Tensor
+    counts: torch.Tensor
 
     @staticmethod
     def empty(dim: int, device: torch.device | None = None) -> RowGrads:
         z = torch.zeros(0, dtype=torch.int64, device=device)
-        return RowGrads(z, z.clone(), torch.zeros(0, dim, device=device))
+        return RowGrads(z, z.clone(), torch.zeros(0, dim, device=device), z.clone())
 
 
 def pooled_grad_to_rows(
@@ -157,10 +162,11 @@ def pooled_grad_to_rows(
         uniq, inverse = torch.unique(keys, sorted=True, return_inverse=True)
         grads = torch.zeros(uniq.numel(), space.dim, dtype=grad.dtype, device=device)
         grads.index_add_(0, inverse, contrib)
+        counts = torch.bincount(inverse, minlength=uniq.numel())
         if num_groups == 1:
-            out.append(RowGrads(uniq, torch.zeros_like(uniq), grads))
+            out.append(RowGrads(uniq, torch.zeros_like(uniq), grads, counts))
         else:
-            out.append(RowGrads(uniq // num_groups, uniq % num_groups, grads))
+            out.append(RowGrads(uniq // num_groups, uniq % num_groups, grads, counts))
     return out
 
 

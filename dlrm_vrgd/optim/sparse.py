@@ -23,14 +23,31 @@ With GSNR on, the row's ratio ``r_row ∈ [γ, 1]`` acts in one of two places (`
   Row-wise Adagrad's normalization then largely cancels the ratio (on a row's first update
   ``u / √mean(u²)`` does not depend on ``r``). For EXACT_SGD the two placements are the same.
 
+CowClip (``cowclip``, Zheng et al., arXiv 2204.06240) replaces GSNR by the adaptive column-wise
+clip: for every touched row ``j`` with ``cnt_j`` occurrences of its id among the step's lookups
+(all groups, all ranks) and weights ``w_j`` (D-vector),
+
+    t_j = r · cnt_j · max(‖w_j‖₂, ζ·√D)            (a bound on the *summed* gradient S_j)
+    ḡ_j ← ḡ_j · min(1, (t_j / G) / ‖ḡ_j‖₂),  then  ḡ_j ← ḡ_j + λ·w_j
+
+and the fused kernel then updates the row as usual (:func:`cowclip_rows`). The paper clips the
+summed gradient ``S_j = Σ_{occurrences} ∂ℓ_i/∂w_j`` of the step's ``G`` rows; ours is the mean
+over ``k`` groups of per-group mean-loss gradients, so ``ḡ_j = S_j / G`` exactly, and since the
+clip factor only rescales, clipping ``ḡ_j`` at ``t_j / G`` *is* clipping ``S_j`` at ``t_j``
+(then dividing by ``G``). ``λ·w_j`` is added on the mean-loss scale — the gradient of
+``mean loss + λ/2·‖w_j‖²`` over the touched rows — which is what makes the paper's rule
+"λ ∝ G at a fixed embedding LR" keep the decay per epoch constant.
+
 Memory: an ``int32`` slot per table row (the size of the row-wise Adagrad state), two floats
-per row for the EMA estimator, plus ``O(touched rows x D)`` for the step's sums.
+per row for the EMA estimator, plus ``O(touched rows x D)`` for the step's sums (and, with
+CowClip, one ``int64`` count per touched row and a gather of the touched rows' weights).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
 import torch
@@ -97,6 +114,8 @@ class RowAccumulator:
 
     ``grad_sum[i]`` = Σ_d g_{d,row_i} (D-vector), ``sq_sum[i]`` = Σ_d ‖g_{d,row_i}‖²,
     ``n_groups[i]`` = number of groups that touched ``row_i``; ``rows[:size]`` in first-touch order.
+    With ``count_ids``, ``counts[i]`` = occurrences of ``row_i``'s id over the step's lookups
+    (the sum of :attr:`RowGrads.counts`; CowClip's ``cnt``).
 
     On the CPU the buffers are reserved for every row of the table at once: the operating system
     commits a page only when it is first written, so resident memory follows the rows actually
@@ -104,8 +123,15 @@ class RowAccumulator:
     GPU, whose allocations are committed in full, they grow geometrically instead.
     """
 
-    def __init__(self, num_rows: int, dim: int, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        num_rows: int,
+        dim: int,
+        device: torch.device | None = None,
+        count_ids: bool = False,
+    ) -> None:
         self.dim = dim
+        self.count_ids = count_ids
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.slot = torch.full((num_rows,), -1, dtype=torch.int32, device=self.device)
         self.size = 0
@@ -116,15 +142,20 @@ class RowAccumulator:
         self.grad_sum = torch.empty(capacity, self.dim, device=self.device)
         self.sq_sum = torch.empty(capacity, device=self.device)
         self.n_groups = torch.empty(capacity, dtype=torch.int32, device=self.device)
+        self.counts = torch.empty(
+            capacity if self.count_ids else 0, dtype=torch.int64, device=self.device
+        )
+
+    def _bufs(self) -> tuple[torch.Tensor, ...]:
+        return (self.rows, self.grad_sum, self.sq_sum, self.n_groups, self.counts)
 
     def _reserve(self, needed: int) -> None:
         if needed <= self.rows.numel():
             return
-        old = (self.rows, self.grad_sum, self.sq_sum, self.n_groups)
+        old = self._bufs()
         grown = max(needed, self.rows.numel() * 3 // 2, 1024)
         self._alloc(min(grown, self.slot.numel()))  # never past one slot per table row
-        new_bufs = (self.rows, self.grad_sum, self.sq_sum, self.n_groups)
-        for new, prev in zip(new_bufs, old, strict=True):
+        for new, prev in zip(self._bufs(), old, strict=True):
             new[: self.size] = prev[: self.size]
 
     def add(self, rg: RowGrads) -> None:
@@ -144,14 +175,21 @@ class RowAccumulator:
             self.grad_sum[self.size : self.size + n_new].zero_()
             self.sq_sum[self.size : self.size + n_new].zero_()
             self.n_groups[self.size : self.size + n_new].zero_()
+            if self.count_ids:
+                self.counts[self.size : self.size + n_new].zero_()
             self.size += n_new
         idx = slots[inverse]
         self.grad_sum.index_add_(0, idx, rg.grads)
         self.sq_sum.index_add_(0, idx, row_sq_norm(rg.grads))
         self.n_groups.index_add_(0, idx, torch.ones_like(idx, dtype=torch.int32))
+        if self.count_ids:
+            self.counts.index_add_(0, idx, rg.counts)
 
-    def drain(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(rows, grad_sum, sq_sum, n_groups)`` of the step, then reset for the next one.
+    def drain(
+        self,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(rows, grad_sum, sq_sum, n_groups, counts or None)`` of the step, then reset for
+        the next one.
 
         The returned tensors are views into buffers reused by the next step.
         """
@@ -159,7 +197,8 @@ class RowAccumulator:
         rows = self.rows[:n]
         self.slot[rows] = -1
         self.size = 0
-        return rows, self.grad_sum[:n], self.sq_sum[:n], self.n_groups[:n]
+        counts = self.counts[:n] if self.count_ids else None
+        return rows, self.grad_sum[:n], self.sq_sum[:n], self.n_groups[:n], counts
 
 
 @dataclass
@@ -174,6 +213,53 @@ class RowStep:
     update: torch.Tensor
     raw: torch.Tensor
     ratio: torch.Tensor
+
+
+@dataclass(frozen=True)
+class CowClip:
+    """CowClip's settings (see the module doc): clip ratio ``r``, weight-norm floor ``ζ`` (the
+    bound is ``ζ·√D``), weight decay ``λ``, and ``rows_per_step`` = ``G``, the global batch
+    whose mean loss the step's gradient is (the clip's threshold on the mean scale is
+    ``t_j / G``)."""
+
+    rows_per_step: int
+    clip_ratio: float = 1.0
+    zeta: float = 1e-5
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("rows_per_step", self.rows_per_step > 0),
+            ("clip_ratio", math.isfinite(self.clip_ratio) and self.clip_ratio > 0),
+            ("zeta", math.isfinite(self.zeta) and self.zeta >= 0),
+            ("weight_decay", math.isfinite(self.weight_decay) and self.weight_decay >= 0),
+        )
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"Invalid CowClip {name}: {getattr(self, name)}")
+
+
+def cowclip_rows(
+    mean_grad: torch.Tensor, weights: torch.Tensor, counts: torch.Tensor, cc: CowClip
+) -> torch.Tensor:
+    """CowClip of the touched rows, in place on ``mean_grad`` (U x D, the mean-loss gradient
+    ``ḡ``) given their ``weights`` (U x D) and id ``counts`` (U): ``ḡ · min(1, (t/G)/‖ḡ‖) +
+    λ·w`` with ``t = r·cnt·max(‖w‖, ζ·√D)``. Returns the clip factor of each row (U, 1 where
+    the clip is inactive or ``ḡ = 0``)."""
+    dim = mean_grad.shape[1]
+    floor = cc.zeta * math.sqrt(dim)
+    w_norm = torch.linalg.vector_norm(weights, dim=1).clamp_min(floor)
+    threshold = (cc.clip_ratio / cc.rows_per_step) * counts.to(mean_grad.dtype) * w_norm
+    g_norm = torch.linalg.vector_norm(mean_grad, dim=1)
+    factor = torch.where(
+        g_norm > threshold, threshold / g_norm.clamp_min(torch.finfo(g_norm.dtype).tiny), 1.0
+    )
+    clipped = factor < 1.0
+    if bool(clipped.any()):
+        mean_grad[clipped] *= factor[clipped, None]
+    if cc.weight_decay:
+        mean_grad.add_(weights, alpha=cc.weight_decay)
+    return factor
 
 
 def plain_step_norm(
@@ -214,6 +300,9 @@ class SparseRowwiseOptimizer:
         placement: ``"update"`` or ``"gradient"`` (see above).
         estimator, ema_beta: see above.
         chunk_rows: rows per replay call of the fused kernel.
+        cowclip: clip each touched row's gradient by CowClip (:class:`CowClip`) instead of
+            GSNR (not with ``gsnr``); the clip factor's telemetry is ``cowclip_clipped`` (the
+            fraction of touched rows clipped) and ``cowclip_factor`` (their mean factor).
         groups_per_collect: groups contributed by one :meth:`collect` (1 on one process; the
             number of source ranks when a sharded table's owner receives every rank's bags).
     """
@@ -229,6 +318,7 @@ class SparseRowwiseOptimizer:
         estimator: Estimator = "step",
         ema_beta: float = 0.9,
         chunk_rows: int = 65_536,
+        cowclip: CowClip | None = None,
         groups_per_collect: int = 1,
     ) -> None:
         if lr < 0:
@@ -243,6 +333,8 @@ class SparseRowwiseOptimizer:
             raise ValueError(f"Invalid ema_beta: {ema_beta}")
         if chunk_rows <= 0:
             raise ValueError(f"Invalid chunk_rows: {chunk_rows}")
+        if cowclip is not None and gsnr:
+            raise ValueError("CowClip and GSNR scaling are alternatives: pass one of them")
         self.lookups = list(lookups)
         self.param_groups: list[dict[str, Any]] = [{"lr": lr, "initial_lr": lr}]
         self.gsnr = gsnr
@@ -251,6 +343,7 @@ class SparseRowwiseOptimizer:
         self.estimator: Estimator = estimator
         self.ema_beta = ema_beta
         self.chunk_rows = chunk_rows
+        self.cowclip = cowclip
         self.groups_per_collect = groups_per_collect
         self.record_rows = False
         #: Measure the realised step ratio ‖actual step‖ / ‖plain step‖ per row in the next
@@ -260,7 +353,10 @@ class SparseRowwiseOptimizer:
         self.k = 0
         # per lookup, per row space (tables sharing a dim): the step's sums
         self._acc = [
-            [RowAccumulator(sp.size, sp.dim, lk.device) for sp in lk.capture.layout.spaces]
+            [
+                RowAccumulator(sp.size, sp.dim, lk.device, count_ids=cowclip is not None)
+                for sp in lk.capture.layout.spaces
+            ]
             for lk in self.lookups
         ]
         # per lookup, per row space: (EMA of ‖ḡ_row‖², EMA of mean ‖g_d,row‖²); O(rows) floats
@@ -313,7 +409,7 @@ class SparseRowwiseOptimizer:
             entries: list[dict[str, Any]] = [{} for _ in layout.table_dims]
             rows, updates, ratios = [], [], []
             for s, (space, acc) in enumerate(zip(layout.spaces, accs, strict=True)):
-                r, u, ratio = self._step_space(li, s, space, acc, per_table, entries)
+                r, u, ratio = self._step_space(li, lookup, s, space, acc, per_table, entries)
                 rows.append(r)
                 updates.append(u)
                 ratios.append(ratio)
@@ -377,6 +473,7 @@ class SparseRowwiseOptimizer:
     def _step_space(
         self,
         li: int,
+        lookup: RowwiseLookup,
         s: int,
         space: RowSpace,
         acc: RowAccumulator,
@@ -387,9 +484,10 @@ class SparseRowwiseOptimizer:
         placement, or no GSNR) or ``r_row · ḡ_row`` (``gradient``) — computed in place in the
         accumulator's buffer (no copy of the ``U x D`` sums): returns ``(global rows, kernel
         input, ratio)`` and fills the per-table telemetry (and, with ``record_rows``, the
-        per-table :class:`RowStep`)."""
+        per-table :class:`RowStep`). With CowClip the kernel input is the clipped ``ḡ_row`` plus
+        ``λ·w_row``."""
         k = self.k
-        rows, grad_sum, sq_sum, n_groups = acc.drain()
+        rows, grad_sum, sq_sum, n_groups, id_counts = acc.drain()
         table_ix = space.table_index(rows)
         n_tables = len(space.tables)
         raw = ratio = torch.ones(rows.numel(), device=grad_sum.device)
@@ -409,6 +507,13 @@ class SparseRowwiseOptimizer:
             update = grad_sum.mul_((ratio / k)[:, None])  # r_row · ḡ_row, in place
         else:
             update = grad_sum.div_(k)  # ḡ_row, in place
+        clipped = torch.zeros(n_tables, dtype=torch.float64)
+        factor_sum = torch.zeros(n_tables, dtype=torch.float64)
+        if self.cowclip is not None and rows.numel():
+            assert id_counts is not None
+            factor = cowclip_rows(update, lookup.gather_rows(s, rows), id_counts, self.cowclip)
+            clipped.index_add_(0, table_ix.cpu(), (factor < 1.0).double().cpu())
+            factor_sum.index_add_(0, table_ix.cpu(), factor.double().cpu())
         counts = torch.bincount(table_ix, minlength=n_tables).tolist()
         multi = torch.zeros(n_tables, dtype=torch.int64, device=rows.device)
         multi.index_add_(0, table_ix, (n_groups >= 2).to(torch.int64))
@@ -416,6 +521,10 @@ class SparseRowwiseOptimizer:
             entries[t] = {"touched_rows": counts[i], "multi_group_rows": int(multi[i]), **stats[i]}
             if self.gsnr:
                 entries[t]["placement"] = self.placement
+            if self.cowclip is not None:
+                n = counts[i]
+                entries[t]["cowclip_clipped"] = float(clipped[i]) / n if n else 0.0
+                entries[t]["cowclip_factor"] = float(factor_sum[i]) / n if n else 1.0
         if self.record_rows:
             order = torch.argsort(rows)
             starts = torch.tensor(space.offsets[:-1], dtype=torch.int64, device=rows.device)
@@ -445,10 +554,13 @@ class SparseRowwiseOptimizer:
             "param_groups": [dict(g) for g in self.param_groups],
             "estimator": self.estimator if self.gsnr else None,
             "placement": self.placement if self.gsnr else None,
+            "cowclip": asdict(self.cowclip) if self.cowclip is not None else None,
             "ema": [[(s.clone(), q.clone()) for s, q in tables] for tables in self._ema],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the LR and the EMA state; CowClip keeps no state of its own (its counts are
+        the step's own ids, and its row norms are the table's weights)."""
         self.param_groups = [dict(g) for g in state["param_groups"]]
         ema = state.get("ema", [])
         if self._ema and not ema:

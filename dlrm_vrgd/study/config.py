@@ -1,12 +1,24 @@
 """A batch-size study: the grid, and the rules that turn it into training jobs (cells).
 
-The grid is ``batch_sizes x optimizers x lr_multipliers x seeds``. Each cell trains one epoch
+The grid is ``batch_sizes x optimizers x groups x lr_multipliers x seeds``. ``groups`` (k, the
+micro-batches per step at a fixed global batch: ``B = G / k``) changes only the micro-batch and
+hence the gradient-group count the GSNR is estimated from; without it the micro-batch is
+``G / micro_batches`` or ``min(G, max_micro_batch)``. Each cell trains one epoch
 over the same ``steps_at_largest x max(batch_sizes)`` training rows, so the largest batch gets
 ``steps_at_largest`` optimizer steps and a batch ``2^j`` times smaller gets ``2^j`` times more.
 Learning rates: an optimizer's base LRs are set at ``reference_batch`` and scaled to each batch
 by ``lr_rule`` (the square-root rule by default); the sweep multiplies that by each of
 ``lr_multipliers`` — values below 1 are below the rule. Warm-up and decay follow each cell's own
 step count. Selection of the LR is on the validation split; the test split only reports.
+
+Two protocols are reported from the same cells: *tuned* (the multiplier with the best mean
+validation AUC, per batch and optimizer) and *rule* (the multiplier ``rule_multiplier``, fixed
+before the study — 1, or the one found best at the smallest batch by an earlier study — at every
+batch size, so the LR follows the scaling rule alone; validation is never consulted).
+
+``lr_rule: cowclip`` (per optimizer or for the study) is CowClip's rule (arXiv 2204.06240): the
+embedding LR stays fixed, the tables' weight decay λ grows linearly with ``G``, the dense LR by
+the square root.
 """
 
 from __future__ import annotations
@@ -36,6 +48,9 @@ from dlrm_vrgd.config import (
 MAX_CELLS = 10_000
 #: Longest list of batch sizes, optimizers, LR multipliers or seeds.
 MAX_AXIS = 64
+LrRule = Literal["sqrt", "linear", "none", "cowclip"]
+#: k, micro-batches per step: B = G / k is at least one row.
+Groups = list[Count(1, MAX_BATCH)]
 
 
 class _Section(BaseModel):
@@ -52,6 +67,12 @@ class StudyOptimizer(_Section):
     dense_lr: Real(gt=0, le=1e6)
     sparse_lr: Real(gt=0, le=1e6)
     baseline: Annotated[str, Field(max_length=100)] | None = None
+    #: This optimizer's k values (micro-batches per step), instead of the study's ``groups``.
+    groups: Groups | None = Field(default=None, min_length=1, max_length=MAX_AXIS)
+    #: This optimizer's scaling rule, instead of the study's ``lr_rule``.
+    lr_rule: LrRule | None = None
+    #: This optimizer's multiplier under the rule protocol, instead of the study's.
+    rule_multiplier: Real(gt=0, le=1e6) | None = None
 
 
 class StudyConfig(_Section):
@@ -63,13 +84,19 @@ class StudyConfig(_Section):
     #: batch size, so GSNR is estimated alike), else ``min(G, max_micro_batch)``.
     micro_batches: Count(1, MAX_BATCH) | None = None
     max_micro_batch: Count(1, MAX_MICRO_BATCH) = 4096
+    #: The ``groups`` axis: micro-batches per step (k) at a fixed global batch, B = G / k. Not
+    #: with ``micro_batches``. An optimizer's own ``groups`` replaces it for that optimizer.
+    groups: Groups | None = Field(default=None, min_length=1, max_length=MAX_AXIS)
     steps_at_largest: Count(1, MAX_STEPS) = 3000
     optimizers: list[StudyOptimizer] = Field(min_length=1, max_length=MAX_AXIS)
-    lr_rule: Literal["sqrt", "linear", "none"] = "sqrt"
+    lr_rule: LrRule = "sqrt"
     reference_batch: Count(1, MAX_BATCH) = 1024
     lr_multipliers: list[Real(gt=0, le=1e6)] = Field(
         default_factory=lambda: [0.125, 0.25, 0.5, 1.0, 2.0], min_length=1, max_length=MAX_AXIS
     )
+    #: The multiplier of the *rule* protocol (one of ``lr_multipliers``), the same at every
+    #: batch size; fixed before the study, never chosen on validation.
+    rule_multiplier: Real(gt=0, le=1e6) = 1.0
     seeds: list[Count(0, MAX_SEED)] = Field(
         default_factory=lambda: [0, 1, 2], min_length=1, max_length=MAX_AXIS
     )
@@ -88,12 +115,8 @@ class StudyConfig(_Section):
     @model_validator(mode="after")
     def _check(self) -> StudyConfig:
         largest = max(self.batch_sizes)
-        cells = (
-            len(self.batch_sizes)
-            * len(self.optimizers)
-            * len(self.lr_multipliers)
-            * len(self.seeds)
-        )
+        cells = len(self.batch_sizes) * len(self.lr_multipliers) * len(self.seeds)
+        cells *= sum(len(self.groups_of(o)) for o in self.optimizers)
         if cells > MAX_CELLS:
             raise ValueError(f"the grid has {cells:,} cells, more than {MAX_CELLS:,}")
         if self.train_rows > MAX_ROWS:
@@ -101,14 +124,34 @@ class StudyConfig(_Section):
                 f"steps_at_largest x max(batch_sizes) = {self.train_rows:,} training rows, "
                 f"more than {MAX_ROWS:,}"
             )
+        uses_groups = self.groups is not None or any(o.groups for o in self.optimizers)
+        if uses_groups and self.micro_batches is not None:
+            raise ValueError("groups and micro_batches both fix the micro-batch: set one")
         for g in self.batch_sizes:
             if largest % g:
                 raise ValueError(f"batch_sizes: {g} does not divide the largest, {largest}")
             if self.micro_batches is not None and g % self.micro_batches:
                 raise ValueError(f"batch_sizes: {g} is not divisible by micro_batches")
+            for o in self.optimizers:
+                for k in self.groups_of(o):
+                    if k is not None and g % k:
+                        raise ValueError(f"groups: batch size {g} is not divisible by k = {k}")
             b = self.micro_batch(g)
             if g % b:
                 raise ValueError(f"batch_sizes: {g} is not a multiple of max_micro_batch {b}")
+        for o in self.optimizers:
+            if self.rule_multiplier_of(o) not in self.lr_multipliers:
+                raise ValueError(
+                    f"optimizers.{o.name}: rule_multiplier {self.rule_multiplier_of(o)} is not "
+                    f"one of lr_multipliers {self.lr_multipliers}"
+                )
+            if self.lr_rule_of(o) == "cowclip" and not str(o.sparse.get("name", "")).startswith(
+                "cowclip_"
+            ):
+                raise ValueError(
+                    f"optimizers.{o.name}: lr_rule cowclip scales the tables' weight decay, "
+                    "which needs a cowclip_* sparse optimizer"
+                )
         names = [o.name for o in self.optimizers]
         if len(set(names)) != len(names):
             raise ValueError(f"optimizers: names must be unique, got {names}")
@@ -119,7 +162,8 @@ class StudyConfig(_Section):
             raise ValueError("batch_sizes: repeated value")
         try:  # the base and each optimizer must make valid training configs
             for o in self.optimizers:
-                self.cell_config(Cell(max(self.batch_sizes), o.name, 1.0, self.seeds[0]))
+                for k in self.groups_of(o):
+                    self.cell_config(Cell(largest, o.name, 1.0, self.seeds[0], k))
         except ConfigError as err:
             raise ValueError(str(err)) from None
         return self
@@ -129,23 +173,45 @@ class StudyConfig(_Section):
         """The data sizing rule: the largest batch gets ``steps_at_largest`` steps."""
         return self.steps_at_largest * max(self.batch_sizes)
 
-    def micro_batch(self, global_batch: int) -> int:
+    def micro_batch(self, global_batch: int, groups: int | None = None) -> int:
+        """B of a cell: ``G / k`` on the groups axis, else the study's fixed rule."""
+        if groups is not None:
+            return global_batch // groups
         if self.micro_batches is not None:
             return global_batch // self.micro_batches
         return min(global_batch, self.max_micro_batch)
 
+    def groups_of(self, opt: StudyOptimizer) -> list[int | None]:
+        """The k values of ``opt`` (``[None]``: off the groups axis)."""
+        return list(opt.groups or self.groups or [None])
+
+    def lr_rule_of(self, opt: StudyOptimizer) -> str:
+        return opt.lr_rule or self.lr_rule
+
+    def rule_multiplier_of(self, opt: StudyOptimizer) -> float:
+        return opt.rule_multiplier if opt.rule_multiplier is not None else self.rule_multiplier
+
     def steps(self, global_batch: int) -> int:
         return self.train_rows // global_batch
 
-    def lr_scale(self, global_batch: int) -> float:
+    def lr_scale(self, global_batch: int, rule: str | None = None) -> float:
+        """The dense LR's factor at ``global_batch`` under ``rule`` (the study's by default);
+        CowClip's rule scales the dense LR by the square root."""
         ratio = global_batch / self.reference_batch
-        return {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}[self.lr_rule]
+        rule = rule or self.lr_rule
+        return {
+            "sqrt": math.sqrt(ratio),
+            "linear": ratio,
+            "none": 1.0,
+            "cowclip": math.sqrt(ratio),
+        }[rule]
 
     def cells(self) -> list[Cell]:
         return [
-            Cell(g, o.name, m, seed)
+            Cell(g, o.name, m, seed, k)
             for g in sorted(self.batch_sizes)
             for o in self.optimizers
+            for k in self.groups_of(o)
             for m in self.lr_multipliers
             for seed in self.seeds
         ]
@@ -157,12 +223,18 @@ class StudyConfig(_Section):
         """The TrainConfig of one cell (see the module docstring for the rules)."""
         opt = self.optimizer(cell.optimizer)
         steps = self.steps(cell.global_batch)
-        scale = self.lr_scale(cell.global_batch) * cell.lr_multiplier
+        rule = self.lr_rule_of(opt)
+        scale = self.lr_scale(cell.global_batch, rule) * cell.lr_multiplier
+        sparse = {**opt.sparse, "lr": opt.sparse_lr * scale}
+        if rule == "cowclip":  # embedding LR fixed, λ ∝ G
+            sparse["lr"] = opt.sparse_lr * cell.lr_multiplier
+            ratio = cell.global_batch / self.reference_batch
+            sparse["weight_decay"] = float(opt.sparse.get("weight_decay", 0.0)) * ratio
         raw = yaml.safe_load(yaml.safe_dump(self.base))  # deep copy
         raw.setdefault("data", {})["train_rows"] = self.train_rows
         raw["optim"] = {
             "dense": {**opt.dense, "lr": opt.dense_lr * scale},
-            "sparse": {**opt.sparse, "lr": opt.sparse_lr * scale},
+            "sparse": sparse,
             "schedule": {
                 "warmup_steps": math.ceil(self.warmup_fraction * steps),
                 "decay": self.decay,
@@ -173,7 +245,7 @@ class StudyConfig(_Section):
         run = raw.setdefault("run", {})
         run.update(
             global_batch=cell.global_batch,
-            micro_batch=self.micro_batch(cell.global_batch),
+            micro_batch=self.micro_batch(cell.global_batch, cell.groups),
             steps=None,
             epochs=1,
             seed=cell.seed,
@@ -193,15 +265,29 @@ class Cell(BaseModel):
     optimizer: str
     lr_multiplier: float
     seed: int
+    #: k, the micro-batches per step, on the groups axis (None: the study's micro-batch rule).
+    groups: int | None = None
 
-    def __init__(self, global_batch: int, optimizer: str, lr_multiplier: float, seed: int) -> None:
+    def __init__(
+        self,
+        global_batch: int,
+        optimizer: str,
+        lr_multiplier: float,
+        seed: int,
+        groups: int | None = None,
+    ) -> None:
         super().__init__(
-            global_batch=global_batch, optimizer=optimizer, lr_multiplier=lr_multiplier, seed=seed
+            global_batch=global_batch,
+            optimizer=optimizer,
+            lr_multiplier=lr_multiplier,
+            seed=seed,
+            groups=groups,
         )
 
     @property
     def id(self) -> str:
-        return f"G{self.global_batch}-{self.optimizer}-lr{self.lr_multiplier:g}-s{self.seed}"
+        k = "" if self.groups is None else f"-k{self.groups}"
+        return f"G{self.global_batch}-{self.optimizer}{k}-lr{self.lr_multiplier:g}-s{self.seed}"
 
 
 def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyConfig:

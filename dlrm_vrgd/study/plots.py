@@ -10,8 +10,17 @@ from dlrm_vrgd.study.config import StudyConfig
 from dlrm_vrgd.train.rundir import read_jsonl
 
 
+def _series(summary: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """(optimizer, k) of every series, in summary order."""
+    return list(dict.fromkeys((s["optimizer"], s.get("groups")) for s in summary))
+
+
 def write_plots(
-    study: StudyConfig, summary: list[dict[str, Any]], cells: list[dict[str, Any]], out: Path
+    study: StudyConfig,
+    summary: list[dict[str, Any]],
+    cells: list[dict[str, Any]],
+    out: Path,
+    summary_rule: list[dict[str, Any]] | None = None,
 ) -> list[Path]:
     import matplotlib
 
@@ -21,87 +30,110 @@ def write_plots(
     paths = []
     names = [o.name for o in study.optimizers]
     colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
-    vr = {o.name for o in study.optimizers if o.baseline}
+    vr = {o.name for o in study.optimizers if o.baseline}  # compared against a base
+    # optimizers that estimate GSNR (the "VR cells" of the GSNR and k plots)
+    gsnr = {
+        o.name
+        for o in study.optimizers
+        if str(o.dense.get("name", "")).startswith("vr")
+        or str(o.sparse.get("name", "")).startswith("gsnr_")
+    }
+    series = _series(summary)
+    many_k = {n for n in names if len({k for m, k in series if m == n}) > 1}
+    markers = "osD^v<>ph"
+    all_k = sorted({k for _, k in series if k is not None})
 
-    # 1. test AUC against batch size, best LR on validation, mean ± sd over seeds
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in names:
-        pts = sorted(
-            (s["global_batch"], s["test_auc"], s["test_auc_sd"])
-            for s in summary
-            if s["optimizer"] == name
-        )
-        if pts:
-            xs, ys, es = zip(*pts, strict=True)
-            ax.errorbar(
-                xs,
-                ys,
-                yerr=es,
-                marker="o",
-                capsize=4,
-                color=colors[name],
-                label=name,
-                linestyle="-" if name in vr else "--",
-            )
+    def label(name: str, k: Any) -> str:
+        return f"{name} k={k}" if name in many_k else name
+
+    def style(name: str, k: Any) -> dict[str, Any]:
+        m = markers[all_k.index(k) % len(markers)] if k in all_k and name in many_k else "o"
+        return {
+            "color": colors[name],
+            "marker": m,
+            "linestyle": "-" if name in vr else "--",
+            "label": label(name, k),
+        }
+
+    # 1. test AUC against batch size, mean ± sd over seeds: tuned LR and the rule's LR
+    protocols = [("tuned", "best LR on val", summary)]
+    if summary_rule is not None:
+        protocols.append(("rule", "the rule's LR, untuned", summary_rule))
+    fig, axes = plt.subplots(
+        1, len(protocols), figsize=(7 * len(protocols), 4.5), squeeze=False, sharey=True
+    )
     oracle = [c["oracle_test_auc"] for c in cells if c["oracle_test_auc"] is not None]
-    if oracle:
-        ax.axhline(sum(oracle) / len(oracle), color="grey", linestyle=":", label="oracle")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(study.batch_sizes), [f"{g:,}" for g in sorted(study.batch_sizes)])
-    ax.minorticks_off()
-    ax.set_xlabel("global batch (rows)")
-    ax.set_ylabel("test AUC (best LR on val; mean ± sd over seeds)")
-    ax.set_title(f"{study.name}: AUC vs batch size")
-    ax.legend()
-    ax.grid(alpha=0.3)
+    for ax, (_, what, rows) in zip(axes[0], protocols, strict=True):
+        for name, k in series:
+            pts = sorted(
+                (s["global_batch"], s["test_auc"], s["test_auc_sd"])
+                for s in rows
+                if s["optimizer"] == name and s.get("groups") == k
+            )
+            if pts:
+                xs, ys, es = zip(*pts, strict=True)
+                ax.errorbar(xs, ys, yerr=es, capsize=4, **style(name, k))
+        if oracle:
+            ax.axhline(sum(oracle) / len(oracle), color="grey", linestyle=":", label="oracle")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(study.batch_sizes), [f"{g:,}" for g in sorted(study.batch_sizes)])
+        ax.minorticks_off()
+        ax.set_xlabel("global batch (rows)")
+        ax.set_title(f"{study.name}: test AUC vs batch, {what}")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("test AUC (mean ± sd over seeds)")
+    axes[0][-1].legend(fontsize=8)
     paths.append(_save(fig, out / "auc_vs_batch.png"))
 
     # 2. validation AUC against rows seen, best LR, one panel per batch size
-    best = {(s["global_batch"], s["optimizer"]): s["best_lr_multiplier"] for s in summary}
+    best = {
+        (s["global_batch"], s["optimizer"], s.get("groups")): s["best_lr_multiplier"]
+        for s in summary
+    }
     sizes = sorted(study.batch_sizes)
+
+    def chosen(g: int, name: str, k: Any) -> list[dict[str, Any]]:
+        return [
+            c
+            for c in cells
+            if c["global_batch"] == g
+            and c["optimizer"] == name
+            and c.get("groups") == k
+            and c["lr_multiplier"] == best.get((g, name, k))
+        ]
+
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 4), squeeze=False)
     for ax, g in zip(axes[0], sizes, strict=True):
-        for name in names:
-            runs = [
-                c["val_curve"]
-                for c in cells
-                if c["global_batch"] == g
-                and c["optimizer"] == name
-                and c["lr_multiplier"] == best.get((g, name))
-            ]
-            curve = _mean_curve(runs)
+        for name, k in series:
+            curve = _mean_curve([c["val_curve"] for c in chosen(g, name, k)])
             if curve:
                 xs, ys = zip(*curve, strict=True)
-                ax.plot(
-                    xs, ys, color=colors[name], label=name, linestyle="-" if name in vr else "--"
-                )
+                st = style(name, k)
+                st.pop("marker")
+                ax.plot(xs, ys, **st)
         ax.set_title(f"batch {g:,}")
         ax.set_xlabel("rows seen")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation AUC")
-    axes[0][-1].legend()
+    axes[0][-1].legend(fontsize=8)
     paths.append(_save(fig, out / "auc_vs_rows.png"))
 
     # 3. GSNR ratio over training (VR optimizers, best LR, seed mean), dense and tables
     fig, (ax_d, ax_t) = plt.subplots(1, 2, figsize=(10, 4))
-    for name in sorted(vr):
+    for name, k in series:
+        if name not in gsnr:
+            continue
         for g in sizes:
-            ids = [
-                c["cell"]
-                for c in cells
-                if c["global_batch"] == g
-                and c["optimizer"] == name
-                and c["lr_multiplier"] == best.get((g, name))
-            ]
+            ids = [c["cell"] for c in chosen(g, name, k)]
             dense, tables = _gsnr_curves([out / "cells" / i / "gsnr.jsonl" for i in ids])
-            style = {
+            st = {
                 "color": colors[name],
                 "alpha": 0.4 + 0.6 * sizes.index(g) / max(1, len(sizes) - 1),
             }
             if dense:
-                ax_d.plot(*zip(*dense, strict=True), label=f"{name} G={g:,}", **style)
+                ax_d.plot(*zip(*dense, strict=True), label=f"{label(name, k)} G={g:,}", **st)
             if tables:
-                ax_t.plot(*zip(*tables, strict=True), label=f"{name} G={g:,}", **style)
+                ax_t.plot(*zip(*tables, strict=True), label=f"{label(name, k)} G={g:,}", **st)
     for ax, what in ((ax_d, "dense layers"), (ax_t, "embedding tables")):
         ax.set_title(f"mean GSNR ratio, {what}")
         ax.set_xlabel("fraction of training")
@@ -109,6 +141,45 @@ def write_plots(
         ax.grid(alpha=0.3)
     ax_t.legend(fontsize=8)
     paths.append(_save(fig, out / "gsnr_ratio.png"))
+
+    # 4. test AUC against k (gradient groups per step), VR optimizers, both protocols
+    if gsnr:
+        fig, axes = plt.subplots(
+            1, len(protocols), figsize=(6 * len(protocols), 4), squeeze=False, sharey=True
+        )
+        for ax, (_, what, rows) in zip(axes[0], protocols, strict=True):
+            for name in sorted(gsnr):
+                for g in sizes:
+                    pts = sorted(
+                        (s["groups"], s["test_auc"], s["test_auc_sd"])
+                        for s in rows
+                        if s["optimizer"] == name
+                        and s["global_batch"] == g
+                        and s.get("groups") is not None
+                    )
+                    if not pts:
+                        continue
+                    xs, ys, es = zip(*pts, strict=True)
+                    ax.errorbar(
+                        xs,
+                        ys,
+                        yerr=es,
+                        marker="o",
+                        capsize=4,
+                        color=colors[name],
+                        alpha=0.4 + 0.6 * sizes.index(g) / max(1, len(sizes) - 1),
+                        label=f"{name} G={g:,}",
+                    )
+            ax.set_xscale("log", base=2)
+            ks = sorted({s["groups"] for s in summary if s.get("groups") is not None})
+            ax.set_xticks(ks, [str(k) for k in ks])
+            ax.minorticks_off()
+            ax.set_xlabel("k: micro-batches (gradient groups) per step")
+            ax.set_title(f"VR cells: test AUC vs k, {what}")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("test AUC (mean ± sd over seeds)")
+        axes[0][-1].legend(fontsize=8)
+        paths.append(_save(fig, out / "auc_vs_groups.png"))
     return paths
 
 

@@ -155,12 +155,22 @@ def _untracked(config: dict[str, Any]) -> dict[str, Any]:
 
 #: Settings that only choose which cells run, how many at once, or how they are reported: a
 #: finished study may be resumed with more learning rates or seeds, or another target AUC.
-_GRID_ONLY = ("workers", "lr_multipliers", "seeds", "target_auc")
+_GRID_ONLY = ("workers", "lr_multipliers", "seeds", "target_auc", "rule_multiplier", "groups")
+
+
+#: Optimizer fields added after studies were first run: unset, they are left out of the spec so
+#: that a study.json written before them still matches.
+_LATER_OPTIMIZER_FIELDS = ("groups", "lr_rule", "rule_multiplier")
 
 
 def _spec(resolved: dict[str, Any]) -> dict[str, Any]:
     """What every cell of a study shares: its config less the grid-only settings."""
-    return {k: v for k, v in resolved.items() if k not in _GRID_ONLY}
+    spec = {k: v for k, v in resolved.items() if k not in _GRID_ONLY}
+    spec["optimizers"] = [
+        {k: v for k, v in o.items() if not (k in _LATER_OPTIMIZER_FIELDS and v is None)}
+        for o in spec.get("optimizers", [])
+    ]
+    return spec
 
 
 def _check_finished_cell(study: StudyConfig, cell: Cell, run_dir: Path) -> None:
@@ -218,6 +228,7 @@ def _cell_record(done: int, total: int, cell: Cell, run_dir: Path, status: str) 
         "optimizer": cell.optimizer,
         "lr_multiplier": cell.lr_multiplier,
         "seed": cell.seed,
+        "groups": cell.groups,
         "val_auc": result["val"]["auc"],
         "test_auc": result["test"]["auc"],
         "oracle_auc": result["test"].get("oracle_auc"),

@@ -29,7 +29,7 @@ from dlrm_vrgd.data.batch import Batch, TrainStream
 from dlrm_vrgd.model import build_model, table_specs
 from dlrm_vrgd.optim.dense import build_dense_optimizer
 from dlrm_vrgd.optim.schedule import batch_scale, lr_factor
-from dlrm_vrgd.optim.sparse import SparseRowwiseOptimizer
+from dlrm_vrgd.optim.sparse import CowClip, SparseRowwiseOptimizer
 from dlrm_vrgd.optim.vrgd import GroupGSNROptimizer
 from dlrm_vrgd.tracking import run_sinks
 from dlrm_vrgd.train import checkpoint as ckpt
@@ -149,6 +149,11 @@ class Trainer:
             estimator=sparse.estimator,
             ema_beta=sparse.ema_beta,
             chunk_rows=sparse.replay_chunk_rows,
+            cowclip=(
+                CowClip(run.global_batch, sparse.clip_ratio, sparse.zeta, sparse.weight_decay)
+                if sparse.cowclip
+                else None
+            ),
             groups_per_collect=self.env.world_size,
         )
         self.step = 0
@@ -565,6 +570,15 @@ def _write_result(
                 "sparse": sparse.name,
                 "sparse_gsnr_estimator": sparse.estimator if sparse.gsnr else None,
                 "sparse_gsnr_placement": sparse.gsnr_placement if sparse.gsnr else None,
+                "sparse_cowclip": (
+                    {
+                        "clip_ratio": sparse.clip_ratio,
+                        "zeta": sparse.zeta,
+                        "weight_decay": sparse.weight_decay,
+                    }
+                    if sparse.cowclip
+                    else None
+                ),  # fmt: skip
                 "dense_gsnr_placement": (
                     cfg.optim.dense.gsnr_placement
                     if cfg.optim.dense.name in ("vradam", "vrlamb")

@@ -50,6 +50,18 @@ def test_row_grads_match_autograd(one_hot, dims, pooling: str, weighted: bool, g
     ref = reference_row_grads(bags, feature_table, tables, pooling, upstream, groups)
     for mine, theirs in zip(per_table(got, layout, tables, groups), ref, strict=True):
         torch.testing.assert_close(mine, theirs)
+    # occurrences of each id per (row, group), counted here bag by bag (weights and pooling
+    # do not change a count)
+    counts: list[dict[tuple[int, int], int]] = [{} for _ in layout.spaces]
+    for f, t in enumerate(feature_table):
+        s, pos = layout.space_of_table(t)
+        for b, ids in enumerate(bags.ids[f]):
+            for i in ids.tolist():
+                key = (layout.spaces[s].offsets[pos] + i, b // (16 // groups))
+                counts[s][key] = counts[s].get(key, 0) + 1
+    for rg, expected in zip(got, counts, strict=True):
+        pairs = zip(rg.rows.tolist(), rg.groups.tolist(), rg.counts.tolist(), strict=True)
+        assert {(r, g): c for r, g, c in pairs} == expected
 
 
 def test_row_spaces_number_tables_like_tbe() -> None:
@@ -67,6 +79,7 @@ def test_empty_call_and_empty_bags() -> None:
     layout = LookupLayout.of([0], [4], [10])
     out = pooled_grad_to_rows(torch.zeros(0, dtype=torch.int64), offsets, None, grad, layout)
     assert out[0].rows.numel() == 0 and out[0].grads.shape == (0, 4)
+    assert out[0].counts.numel() == 0
 
 
 def test_bad_layout_is_reported() -> None:

@@ -147,7 +147,7 @@ def test_study_results_are_shown_from_the_artifacts(
     shown = page.locator("article[data-path='results.md'] table.md-table td").all_inner_texts()
     assert shown == _md_cells((study_out / "results.md").read_text())
     pngs = sorted(p.name for p in study_out.glob("*.png"))
-    assert len(pngs) == 3
+    assert pngs == ["auc_vs_batch.png", "auc_vs_groups.png", "auc_vs_rows.png", "gsnr_ratio.png"]
     page.wait_for_function(
         """n => {
             const imgs = [...document.querySelectorAll('#result-plots img')];

@@ -106,7 +106,9 @@ def test_tiny_grid_writes_every_output(finished) -> None:
     vr = [s for s in summary if s["optimizer"] == "vrsgd"]
     assert all(0.1 <= s["gsnr_dense"] <= 1 and 0.1 <= s["gsnr_tables"] <= 1 for s in vr)
     assert [p["global_batch"] for p in results["pairs"]] == [128, 256]
-    assert (out / "results.csv").read_text().splitlines()[0].startswith("global_batch,")
+    csv_lines = (out / "results.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("protocol,global_batch,")
+    assert [line.split(",")[0] for line in csv_lines[1:]] == ["tuned"] * 4 + ["rule"] * 4
 
 
 def test_rerun_skips_finished_cells(finished) -> None:
@@ -158,22 +160,57 @@ def test_a_finished_cell_trained_with_another_config_is_refused(finished, tmp_pa
         run_study(study, copy)
 
 
+def _md_rows(md: str) -> list[list[str]]:
+    rows = [line for line in md.splitlines() if re.match(r"\| [\d,]+ \| \d+ \|", line)]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in rows]
+
+
+def assert_rows_equal_json(rows: list[list[str]], summary: list[dict]) -> None:
+    assert len(rows) == len(summary)
+    for cells, s in zip(rows, summary, strict=True):
+        assert int(cells[0].replace(",", "")) == s["global_batch"]
+        assert int(cells[1]) == s["steps"] and cells[2] == s["optimizer"]
+        assert int(cells[3]) == s["groups"]
+        assert float(cells[4]) == s["lr_multiplier"]
+        assert float(cells[5]) == s["val_auc"] and float(cells[6]) == s["test_auc"]
+        assert float(cells[7]) == s["test_auc_sd"] and float(cells[8]) == s["auc_change"]
+        assert float(cells[9]) == s["oracle_gap"] and float(cells[10]) == s["train_test_gap"]
+
+
 def test_markdown_numbers_equal_the_json(finished) -> None:
     _, out, results = finished
     md = (out / "results.md").read_text()
-    rows = [line for line in md.splitlines() if re.match(r"\| [\d,]+ \| \d+ \|", line)]
-    assert len(rows) == len(results["summary"])
-    for line, s in zip(rows, results["summary"], strict=True):
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        assert int(cells[0].replace(",", "")) == s["global_batch"]
-        assert int(cells[1]) == s["steps"] and cells[2] == s["optimizer"]
-        assert float(cells[3]) == s["best_lr_multiplier"]
-        assert float(cells[4]) == s["val_auc"] and float(cells[5]) == s["test_auc"]
-        assert float(cells[6]) == s["test_auc_sd"] and float(cells[7]) == s["oracle_gap"]
-        assert float(cells[8]) == s["train_test_gap"]
-    pair_rows = [line for line in md.splitlines() if "| vrsgd | sgd |" in line]
-    for line, p in zip(pair_rows, results["pairs"], strict=True):
-        assert float(line.split("|")[4]) == p["delta_test_auc"]
+    tuned_md, rule_md = md.split("## Rule")
+    assert_rows_equal_json(_md_rows(tuned_md), results["summary"])
+    assert_rows_equal_json(_md_rows(rule_md), results["summary_rule"])
+    for part, pairs in ((tuned_md, results["pairs"]), (rule_md.split("Validation AUC by LR")[0],
+                                                       results["pairs_rule"])):  # fmt: skip
+        pair_rows = [
+            line for line in part.splitlines() if "| vrsgd |" in line and "| sgd |" in line
+        ]
+        assert len(pair_rows) == len(pairs) > 0
+        for line, p in zip(pair_rows, pairs, strict=True):
+            assert float(line.split("|")[6]) == p["delta_test_auc"]
+
+
+def test_both_protocols_read_the_same_cells(finished) -> None:
+    study, _, results = finished
+    cells = results["cells"]
+    assert results["rule_multipliers"] == {"sgd": 1.0, "vrsgd": 1.0}
+    for tuned, rule in zip(results["summary"], results["summary_rule"], strict=True):
+        assert (tuned["global_batch"], tuned["optimizer"]) == (
+            rule["global_batch"],
+            rule["optimizer"],
+        )
+        assert rule["protocol"] == "rule" and rule["lr_multiplier"] == 1.0
+        at = [c for c in cells if c["global_batch"] == rule["global_batch"]
+              and c["optimizer"] == rule["optimizer"] and c["lr_multiplier"] == 1.0]  # fmt: skip
+        assert len(at) == rule["seeds"] == 2
+        assert rule["test_auc"] == round(sum(c["test_auc"] for c in at) / 2, 4)
+        if tuned["best_lr_multiplier"] == 1.0:
+            assert tuned["test_auc"] == rule["test_auc"]
+    smallest = [r for r in results["summary_rule"] if r["global_batch"] == 128]
+    assert all(r["auc_change"] == 0 for r in smallest)
 
 
 def test_data_sizing_gives_every_batch_at_least_the_steps() -> None:
@@ -290,7 +327,10 @@ def _shipped_study(name: str) -> StudyConfig:
     return load_study(Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml")
 
 
-@pytest.mark.parametrize("name", ["study_cpu", "study_cpu_32k", "study_gpu", "study_cpu_estimator"])
+@pytest.mark.parametrize(
+    "name",
+    ["study_cpu", "study_cpu_32k", "study_gpu", "study_cpu_estimator", "study_cpu_cowclip"],
+)
 def test_shipped_study_configs_load(name: str) -> None:
     study = _shipped_study(name)
     assert {o.baseline for o in study.optimizers if o.baseline} <= {
@@ -298,9 +338,159 @@ def test_shipped_study_configs_load(name: str) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("name", "out"),
+    [("study_cpu", "cpu"), ("study_cpu_32k", "cpu_32k"), ("study_cpu_estimator", "cpu_estimator")],
+)
+def test_committed_studies_are_what_their_configs_say(name: str, out: str) -> None:
+    """docs/study/OUT was run by configs/NAME.yaml: rerunning it there resumes, not refuses
+    (their VR cells pin `gsnr_placement: gradient`, the placement they really ran with)."""
+    from dlrm_vrgd.study.run import _spec
+
+    saved = Path(__file__).resolve().parents[2] / "docs" / "study" / out / "study.json"
+    assert _spec(json.loads(saved.read_text())) == _spec(
+        _shipped_study(name).model_dump(mode="json")
+    )
+    vr = [o for o in _shipped_study(name).optimizers if o.sparse["name"].startswith("gsnr_")]
+    assert vr and all(o.sparse["gsnr_placement"] == "gradient" for o in vr)
+
+
 # study_cpu_estimator is a follow-up around a known best LR, not a full grid
-@pytest.mark.parametrize("name", ["study_cpu", "study_cpu_32k", "study_gpu"])
+@pytest.mark.parametrize("name", ["study_cpu", "study_cpu_32k", "study_gpu", "study_cpu_cowclip"])
 def test_shipped_full_grids_sweep_enough_lrs_and_seeds(name: str) -> None:
     study = _shipped_study(name)
     assert len(study.lr_multipliers) >= 5 and min(study.lr_multipliers) < 1  # below the sqrt rule
     assert len(study.seeds) >= 3
+
+
+def _fig(g: int, name: str, m: float, seed: int, val: float, test: float, k: int = 4) -> dict:
+    return {
+        "global_batch": g, "optimizer": name, "groups": k, "lr_multiplier": m, "seed": seed,
+        "val_auc": val, "test_auc": test, "steps": 4, "dense_lr": m, "sparse_lr": m,
+        "oracle_test_auc": 0.9, "train_auc": 0.8, "rows_to_target": None, "wall_s": 1.0,
+        "gsnr_dense": None, "gsnr_dense_clipped": None, "gsnr_tables": None,
+        "gsnr_tables_clipped": None,
+    }  # fmt: skip
+
+
+def test_the_rule_protocol_never_reads_validation() -> None:
+    study = tiny(lr_multipliers=[0.5, 1.0, 2.0], rule_multiplier=0.5)
+    cells = [
+        _fig(g, o, m, seed, 0.7 + 0.01 * m + 0.001 * seed, 0.6 + 0.02 * m * (g == 128) + seed / 100)
+        for g in (128, 256)
+        for o in ("sgd", "vrsgd")
+        for m in (0.5, 1.0, 2.0)
+        for seed in (0, 1)
+    ]
+    perturbed = [{**c, "val_auc": 1.0 - c["val_auc"] + (c["lr_multiplier"] == 1.0)} for c in cells]
+    rule, rule_p = summarize(study, cells, "rule"), summarize(study, perturbed, "rule")
+    tuned, tuned_p = summarize(study, cells, "tuned"), summarize(study, perturbed, "tuned")
+    assert [t["best_lr_multiplier"] for t in tuned] == [2.0] * 4  # validation moves "tuned"
+    assert [t["best_lr_multiplier"] for t in tuned_p] == [1.0] * 4
+    drop = ("val_auc",)  # reported under "rule", never used there
+    assert [{k: v for k, v in r.items() if k not in drop} for r in rule] == [
+        {k: v for k, v in r.items() if k not in drop} for r in rule_p
+    ]
+    assert all(r["lr_multiplier"] == 0.5 for r in rule)
+    assert rule[0]["test_auc"] == pytest.approx(0.6 + 0.01 + 0.005)
+    assert rule[2]["auc_change"] == pytest.approx(-0.01, abs=1e-4)  # 256 vs 128 under the rule
+
+
+def test_groups_axis_changes_only_the_micro_batch() -> None:
+    vr = {**TINY["optimizers"][1], "groups": [4, 16]}
+    study = tiny(batch_sizes=[1024, 8192], optimizers=[TINY["optimizers"][0], vr], groups=[4])
+    ks = {(c.optimizer, c.groups) for c in study.cells()}
+    assert ks == {("sgd", 4), ("vrsgd", 4), ("vrsgd", 16)}
+    cell = next(c for c in study.cells() if c.global_batch == 8192 and c.groups == 16)
+    assert cell.id == "G8192-vrsgd-k16-lr0.5-s0"
+    cfg = study.cell_config(cell)
+    assert cfg.run.micro_batch == 512 and cfg.run.accumulation_steps == 16
+    at4 = study.cell_config(cell.model_copy(update={"groups": 4})).to_dict()
+    at16 = cfg.to_dict()
+    assert at4["run"].pop("micro_batch") == 2048 and at16["run"].pop("micro_batch") == 512
+    assert at4 == at16  # same LR, data, steps, schedule: only A (and B) differ
+    with pytest.raises(ValueError, match="groups and micro_batches"):
+        tiny(groups=[4], micro_batches=4)
+    with pytest.raises(ValueError, match="not divisible by k = 3"):
+        tiny(groups=[3])
+
+
+COWCLIP = {
+    "name": "cowclip",
+    "baseline": "sgd",
+    "lr_rule": "cowclip",
+    "dense": {"name": "sgd", "momentum": 0.9},
+    "sparse": {"name": "cowclip_rowwise_adagrad", "weight_decay": 1e-4, "clip_ratio": 1.0},
+    "dense_lr": 0.05,
+    "sparse_lr": 0.1,
+}
+
+
+def test_cowclip_scaling_rule() -> None:
+    study = tiny(batch_sizes=[64, 256], optimizers=[TINY["optimizers"][0], COWCLIP])
+    for cell in study.cells():
+        cfg = study.cell_config(cell)
+        ratio = cell.global_batch / 64
+        if cell.optimizer == "cowclip":
+            assert cfg.optim.sparse.lr == pytest.approx(0.1 * cell.lr_multiplier)  # fixed
+            assert cfg.optim.sparse.weight_decay == pytest.approx(1e-4 * ratio)  # ∝ G
+        else:
+            assert cfg.optim.sparse.lr == pytest.approx(0.1 * math.sqrt(ratio) * cell.lr_multiplier)
+        assert cfg.optim.dense.lr == pytest.approx(0.05 * math.sqrt(ratio) * cell.lr_multiplier)
+    bad = {**COWCLIP, "sparse": {"name": "rowwise_adagrad"}}
+    with pytest.raises(ValueError, match="cowclip_\\* sparse optimizer"):
+        tiny(optimizers=[bad])
+    with pytest.raises(ValueError, match="rule_multiplier 3.0 is not one of"):
+        tiny(rule_multiplier=3.0)
+
+
+def test_a_study_with_groups_cowclip_and_adagrad_reports_both_protocols(tmp_path: Path) -> None:
+    adagrad = {
+        "name": "adagrad",
+        "dense": {"name": "adagrad"},
+        "sparse": {"name": "rowwise_adagrad"},
+        "dense_lr": 0.01,
+        "sparse_lr": 0.1,
+    }
+    vr = {**TINY["optimizers"][1], "groups": [2, 4]}
+    study = tiny(
+        optimizers=[TINY["optimizers"][0], vr, COWCLIP, adagrad],
+        groups=[2],
+        max_micro_batch=4096,
+        seeds=[0],
+    )
+    results = run_study(study, tmp_path)
+    assert results["cells_finished"] == len(study.cells()) == 2 * 5 * 2
+    series = {(s["optimizer"], s["groups"]) for s in results["summary_rule"]}
+    assert series == {("sgd", 2), ("vrsgd", 2), ("vrsgd", 4), ("cowclip", 2), ("adagrad", 2)}
+    pairs = {(p["optimizer"], p["groups"], p["baseline_groups"]) for p in results["pairs_rule"]}
+    assert pairs == {("vrsgd", 2, 2), ("vrsgd", 4, 2), ("cowclip", 2, 2)}
+    assert_rows_equal_json(
+        _md_rows((tmp_path / "results.md").read_text().split("## Rule")[1]),
+        results["summary_rule"],
+    )
+    for png in ("auc_vs_batch.png", "auc_vs_groups.png", "auc_vs_rows.png", "gsnr_ratio.png"):
+        assert (tmp_path / png).stat().st_size > 10_000
+    gsnr = read_jsonl(tmp_path / "cells" / "G256-cowclip-k2-lr1-s0" / "gsnr.jsonl")
+    assert "cowclip_clipped" in gsnr[-1]["tables"][0]
+
+
+@pytest.mark.parametrize("name", ["study_cpu_cowclip", "study_gpu"])
+def test_shipped_round_two_grids_have_every_axis(name: str) -> None:
+    """Issue 18's grid: batches 8x apart or more, >= 500 steps at the largest, VR-SGD at two k,
+    CowClip under its own rule, the Adagrad pair, every cell k at its optimizer's k."""
+    study = _shipped_study(name)
+    sizes = sorted(study.batch_sizes)
+    assert sizes[-1] // sizes[0] >= 8 and study.steps_at_largest >= 500
+    series = {(c.optimizer, c.groups) for c in study.cells()}
+    vr_ks = sorted(k for o, k in series if o == "vrsgd")
+    assert len(vr_ks) >= 2 and vr_ks[-1] >= 4 * vr_ks[0]
+    cow = study.optimizer("cowclip")
+    assert cow.lr_rule == "cowclip" and cow.sparse["name"] == "cowclip_rowwise_adagrad"
+    assert study.optimizer("adagrad").dense["name"] == "adagrad"
+    assert study.optimizer("sgd").dense["name"] == "sgd"
+    for cell in study.cells():
+        cfg = study.cell_config(cell)
+        k = cfg.run.world_size * cfg.run.accumulation_steps
+        assert k == cell.groups and cfg.run.micro_batch * k == cell.global_batch
+    assert study.rule_multiplier in study.lr_multipliers

@@ -163,3 +163,21 @@ def test_resume_with_gsnr_sparse_ema_equals_uninterrupted(tmp_path: Path) -> Non
     result = json.loads((tmp_path / "crashed" / "result.json").read_text())
     assert result["optimizers"]["sparse_gsnr_estimator"] == "ema"
     assert result["optimizers"]["sparse_gsnr_placement"] == "update"
+
+
+def test_resume_with_cowclip_equals_uninterrupted(tmp_path: Path) -> None:
+    cfg = tiny_config(
+        "run.steps=5",
+        "run.checkpoint_every=2",
+        "optim.sparse.name=cowclip_rowwise_adagrad",
+        "optim.sparse.clip_ratio=0.05",
+        "optim.sparse.weight_decay=0.01",
+    )
+    whole = train(cfg, tmp_path / "whole")
+    with pytest.raises(RuntimeError):
+        train(cfg, tmp_path / "crashed", callbacks=[CrashAt(3)])
+    resumed = train(cfg, tmp_path / "crashed", resume=True)
+    assert resumed.losses == whole.losses[2:]
+    assert resumed.test == whole.test
+    result = json.loads((tmp_path / "crashed" / "result.json").read_text())
+    assert result["optimizers"]["sparse_cowclip"]["clip_ratio"] == 0.05

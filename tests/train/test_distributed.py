@@ -210,3 +210,23 @@ def test_torchrun_command_for_one_and_several_nodes() -> None:
     cmd = torchrun_command(two, ["train"])
     assert "--rdzv_backend=c10d" in cmd and "--rdzv_endpoint=head:29400" in cmd
     assert "--nnodes=2" in cmd and "--standalone" not in cmd
+
+
+def test_cowclip_on_two_ranks_equals_one_rank(runs: dict[str, Path]) -> None:
+    """CowClip's counts cover every rank's lookups: a table's owner sees all ranks' bags, so
+    two ranks (table-wise) train exactly what one does, with the clip active on some rows."""
+    tmp = runs["tmp"]
+    sets = (
+        "optim.sparse.name=cowclip_rowwise_adagrad",
+        "optim.sparse.clip_ratio=0.03",
+        "optim.sparse.weight_decay=0.01",
+        "run.steps=3",
+    )
+    one = train(tmp, "cowclip_one", 1, *sets)
+    two = train(tmp, "cowclip_two", 2, *sets)
+    assert losses(two) == pytest.approx(losses(one), rel=1e-5)
+    assert_same_model(one, two, 3)
+    for run in (one, two):
+        tables = read_jsonl(run / "gsnr.jsonl")[-1]["tables"]
+        clipped = [t["cowclip_clipped"] for t in tables]
+        assert len(tables) == 6 and max(clipped) > 0 and min(clipped) < 1
