@@ -302,6 +302,17 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    from dlrm_vrgd.tracking.tensorboard_sink import rebuild, run_dirs
+
+    runs = run_dirs(Path(args.dir))
+    for i, run_dir in enumerate(runs, 1):
+        path = rebuild(run_dir)
+        print(f"[{i}/{len(runs)}] {path.relative_to(Path(args.dir).parent)}", flush=True)
+    print(f"tensorboard --logdir {args.dir}")
+    return 0
+
+
 def cmd_show_config(args: argparse.Namespace) -> int:
     import yaml
 
@@ -426,6 +437,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     st.add_argument("--out", help="study directory (default runs/study-NAME)")
     st.set_defaults(fn=cmd_study)
+
+    tb = sub.add_parser(
+        "tensorboard", help="rebuild tb/ event files from a run's (or study's) jsonl records"
+    )
+    tb.add_argument("dir", metavar="RUN_OR_STUDY_DIR", help="a run directory or a study directory")
+    tb.set_defaults(fn=cmd_tensorboard)
 
     c = sub.add_parser("config", help="print the resolved config")
     with_config(c, required=False)

@@ -11,6 +11,7 @@ batch once. Only one micro-batch is alive at a time, so memory is set by ``B``, 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import platform
@@ -30,6 +31,7 @@ from dlrm_vrgd.optim.dense import build_dense_optimizer
 from dlrm_vrgd.optim.schedule import batch_scale, lr_factor
 from dlrm_vrgd.optim.sparse import CowClip, SparseRowwiseOptimizer
 from dlrm_vrgd.optim.vrgd import GroupGSNROptimizer
+from dlrm_vrgd.tracking import run_sinks
 from dlrm_vrgd.train import checkpoint as ckpt
 from dlrm_vrgd.train import rundir
 from dlrm_vrgd.train.distributed import (
@@ -60,6 +62,8 @@ RESUMABLE_CHANGES = {
     "run.eval_rows",
     "run.threads",
     "run.malloc_mmap_threshold_kb",
+    "run.tensorboard",
+    "run.mlflow",
 }
 
 #: What may change when a run resumes on another number of ranks (its tables are resharded).
@@ -464,8 +468,8 @@ def train(
         (out / rundir.STATUS).unlink(missing_ok=True)
         rundir.atomic_write_json(out / rundir.CONFIG, cfg.to_dict())
     barrier(env)
-    metrics = rundir.JsonlWriter(out / rundir.METRICS) if writing else None  # type: ignore[operator]
-    gsnr = rundir.JsonlWriter(out / rundir.GSNR) if writing else None  # type: ignore[operator]
+    # rank 0's records go to the run directory and the trackers (tracking/): one sink
+    sink = run_sinks(cfg, out, latest is not None) if writing and out is not None else None
     callbacks = callbacks if main else ()
     run = cfg.run
     info = {
@@ -477,10 +481,10 @@ def train(
         "world_size": env.world_size,
         "train_rows": trainer.splits.train.num_rows,
     }
-    if metrics:
-        metrics.write({"kind": "start", "step": trainer.step, **info})
+    if sink:
+        sink.start({"kind": "start", "step": trainer.step, **info})
         if skipped:  # say in the run's record why it went back further than its newest
-            metrics.write(
+            sink.metrics(
                 {
                     "kind": "checkpoint_fallback",
                     "step": trainer.step,
@@ -499,12 +503,12 @@ def train(
             record = trainer.train_step()
             train_s += record["step_seconds"]
             losses.append(record["loss"])
-            if metrics and (record["step"] % run.log_every == 0 or record["step"] == 1):
-                metrics.write({"kind": "train", **record})
+            if sink and (record["step"] % run.log_every == 0 or record["step"] == 1):
+                sink.metrics({"kind": "train", **record})
             if out is not None and (record["step"] % run.gsnr_every == 0 or record["step"] == 1):
                 gsnr_record = trainer.gsnr_record()  # collective
-                if gsnr:
-                    gsnr.write(gsnr_record)
+                if sink:
+                    sink.gsnr(gsnr_record)
             for cb in callbacks:
                 cb.on_step(record)
             last = trainer.step == trainer.total_steps
@@ -512,8 +516,8 @@ def train(
                 t0 = time.perf_counter()
                 ev = _eval_record(trainer, "val", run.eval_rows)
                 eval_s += time.perf_counter() - t0
-                if metrics:
-                    metrics.write(ev)
+                if sink:
+                    sink.metrics(ev)
                 for cb in callbacks:
                     cb.on_eval(ev)
             if out and run.checkpoint_every and trainer.step % run.checkpoint_every == 0:
@@ -528,8 +532,8 @@ def train(
             finals.append(_eval_record(trainer, "train", run.final_train_eval_rows))
         eval_s += time.perf_counter() - t0
         for ev in finals:
-            if metrics:
-                metrics.write(ev)
+            if sink:
+                sink.metrics(ev)
             for cb in callbacks:
                 cb.on_eval(ev)
         saved = bool(run.checkpoint_every) and trainer.step % run.checkpoint_every == 0
@@ -541,11 +545,9 @@ def train(
                 out / rundir.STATUS,  # type: ignore[operator]
                 {"state": "failed", "step": trainer.step, "error": f"{type(err).__name__}: {err}"},
             )
+        if sink:
+            sink.close()
         raise
-    finally:
-        for w in (metrics, gsnr):
-            if w:
-                w.close()
 
     result = RunResult(
         steps=trainer.step,
@@ -559,13 +561,19 @@ def train(
         out_dir=out,
         train=_strip(finals[2]) if len(finals) > 2 else None,
     )
-    if writing:
+    if sink:
         assert out is not None
-        if export_to is not None:
-            from dlrm_vrgd.serve.export import export_model
+        try:
+            if export_to is not None:
+                from dlrm_vrgd.serve.export import export_model
 
-            export_model(out, export_to, trainer.step, overwrite=True)
-        _write_result(out, cfg, result, result.samples - samples_before, env)
+                export_model(out, export_to, trainer.step, overwrite=True)
+            written = _write_result(
+                out, cfg, result, result.samples - samples_before, env, sink.result_fields()
+            )
+            sink.finish(written)
+        finally:
+            sink.close()
     barrier(env)
     for cb in callbacks:
         cb.on_end(result)
@@ -573,8 +581,15 @@ def train(
 
 
 def _write_result(
-    out: Path, cfg: TrainConfig, result: RunResult, trained: int, env: DistEnv
-) -> None:
+    out: Path,
+    cfg: TrainConfig,
+    result: RunResult,
+    trained: int,
+    env: DistEnv,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """Write ``result.json`` (``extra``: the trackers' fields, e.g. the MLflow run id); returns
+    it as readers see it (non-finite floats as null)."""
     sparse = cfg.optim.sparse
     rundir.atomic_write_json(
         out / rundir.RESULT,
@@ -614,8 +629,10 @@ def _write_result(
             },
             "config": cfg.to_dict(),
             "versions": _versions(),
+            **extra,
         },
     )
+    return json.loads((out / rundir.RESULT).read_text())
 
 
 def _eval_record(trainer: Trainer, split: str, limit: int | None) -> dict[str, Any]:
