@@ -14,6 +14,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHES = {
     "gsnr_overhead": [sys.executable, str(HERE / "gsnr_overhead.py")],
+    "tracking_overhead": [sys.executable, str(HERE / "tracking_overhead.py")],
     "sparse_step": [sys.executable, str(HERE / "sparse_step.py")],
     "throughput": [sys.executable, str(HERE / "throughput.py")],
     "memory": [sys.executable, str(HERE / "memory.py")],

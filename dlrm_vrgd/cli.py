@@ -90,7 +90,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     progress = ProgressLine()
     try:
-        result = train(cfg, args.out, callbacks=[progress], resume=args.resume)
+        result = train(
+            cfg, args.out, callbacks=[progress], resume=args.resume, export_to=args.export_model
+        )
     finally:
         progress.on_end(None)  # an error message starts on a line of its own
     _print_result(result)
@@ -116,6 +118,7 @@ def _launch_torchrun(cfg: TrainConfig, args: argparse.Namespace) -> int:
     argv = ["train", "--config", str(Path(args.config).resolve()), "--out", str(args.out)]
     argv += [a for item in args.set for a in ("--set", item)]
     argv += ["--resume"] if args.resume else []
+    argv += ["--export-model", str(args.export_model)] if args.export_model else []
     cmd = distributed.torchrun_command(cfg, argv)
     # the cores are shared by the ranks of this node (torchrun would otherwise pick 1 and say so)
     threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // cfg.run.nproc_per_node)
@@ -138,7 +141,10 @@ def _train_rank(cfg: TrainConfig, args: argparse.Namespace) -> int:
         env = distributed.init_from_env(cfg)
         try:
             callbacks = [ProgressLine()] if env.is_main else []
-            result = train(cfg, args.out, callbacks=callbacks, resume=args.resume, env=env)
+            result = train(
+                cfg, args.out, callbacks=callbacks, resume=args.resume, env=env,
+                export_to=args.export_model,
+            )  # fmt: skip
             if env.is_main:
                 _print_result(result)
         finally:
@@ -238,6 +244,86 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from dlrm_vrgd.serve.export import export_model
+
+    result = export_model(
+        args.run, args.out, args.step, program=not args.no_program, overwrite=args.overwrite
+    )
+    files = result.manifest["files"]
+    size = sum(f["bytes"] for f in files.values())
+    print(
+        f"exported step {result.step} ({result.world_size} rank(s)) of {args.run} -> "
+        f"{result.out} ({len(files)} files, {size / 1e6:,.1f} MB)"
+    )
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    import time
+
+    from dlrm_vrgd.serve.score import score, summary_lines
+    from dlrm_vrgd.train import rundir
+
+    record = Path(args.record) if args.record else None
+    progress = None
+    if record is not None:  # a run directory for the service: progress lines, then result.json
+        record.mkdir(parents=True, exist_ok=True)
+        (record / rundir.RESULT).unlink(missing_ok=True)
+        log = rundir.JsonlWriter(record / rundir.METRICS)
+        log.write({"kind": "start", "step": 0})
+        last = [0.0]
+
+        def progress(rows: int, seconds: float, fraction: float) -> None:
+            if time.monotonic() - last[0] >= 1.0 or fraction >= 1.0:
+                last[0] = time.monotonic()
+                rate = rows / seconds if seconds > 0 else None
+                log.write({"kind": "score", "rows": rows, "rows_per_s": rate, "fraction": fraction})
+
+    result = score(
+        args.model,
+        args.input,
+        args.out,
+        fmt=args.output_format,
+        input_format=args.format,
+        labels=args.labels,
+        skip_bad_rows=args.skip_bad_rows,
+        overwrite=args.overwrite,
+        batch_rows=args.batch_rows,
+        workers=args.workers,
+        device=args.device,
+        metrics_path=args.metrics,
+        progress=not args.no_progress,
+        on_progress=progress,
+    )
+    if record is not None:
+        rundir.atomic_write_json(
+            record / rundir.RESULT,
+            {
+                "rows": result.rows,
+                "seconds": result.seconds,
+                "rows_per_s": result.rows_per_second,
+                "bad_rows": result.bad_rows,
+                "predictions": str(result.out),
+                "metrics": result.metrics,
+                "model": str(Path(args.model).absolute()),
+            },
+        )
+    print("\n".join(summary_lines(result)))
+    return 0
+
+
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    from dlrm_vrgd.tracking.tensorboard_sink import rebuild, run_dirs
+
+    runs = run_dirs(Path(args.dir))
+    for i, run_dir in enumerate(runs, 1):
+        path = rebuild(run_dir)
+        print(f"[{i}/{len(runs)}] {path.relative_to(Path(args.dir).parent)}", flush=True)
+    print(f"tensorboard --logdir {args.dir}")
+    return 0
+
+
 def cmd_show_config(args: argparse.Namespace) -> int:
     import yaml
 
@@ -265,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(t)
     t.add_argument("--out", required=True, help="run directory")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    t.add_argument(
+        "--export-model", metavar="DIR", help="at the end, export the model there (see export)"
+    )
     t.set_defaults(fn=cmd_train)
 
     d = sub.add_parser(
@@ -323,11 +412,48 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--no-progress", action="store_true", help="no progress bar")
     pp.set_defaults(fn=cmd_preprocess)
 
+    ex = sub.add_parser("export", help="a run's checkpoint -> a model directory (plain PyTorch)")
+    ex.add_argument("--run", required=True, help="run directory (its checkpoints/)")
+    ex.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
+    ex.add_argument("--out", required=True, help="model directory (appears when complete)")
+    ex.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
+    ex.add_argument("--no-program", action="store_true", help="skip the torch.export model.pt2")
+    ex.set_defaults(fn=cmd_export)
+
+    sc = sub.add_parser("score", help="click probabilities of raw Criteo rows or day files")
+    sc.add_argument("--model", required=True, help="model directory (dlrm-vrgd export)")
+    sc.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="raw files (TSV/CSV, gzip), directories of them, or preprocessed directories",
+    )
+    sc.add_argument("--out", required=True, help="predictions (.csv, or .parquet / .pq)")
+    sc.add_argument("--output-format", choices=["csv", "parquet"], help="default: from --out")
+    sc.add_argument("--format", choices=["auto", "tsv", "csv"], default="auto", help="inputs")
+    sc.add_argument("--labels", choices=["auto", "yes", "no"], default="auto")
+    sc.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows, count them")
+    sc.add_argument("--metrics", help="metrics file with labels (default OUT.metrics.json)")
+    sc.add_argument("--batch-rows", type=int, default=16_384, help="rows per forward pass")
+    sc.add_argument("--workers", type=int, help="parsing threads (default: all cores)")
+    sc.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    sc.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
+    sc.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sc.add_argument("--record", metavar="DIR", help=argparse.SUPPRESS)  # the service's run dir
+    sc.set_defaults(fn=cmd_score)
+
     st = sub.add_parser("study", help="run a batch-size study (resumable) and write its report")
     st.add_argument("--config", required=True, help="YAML StudyConfig (see configs/study_*.yaml)")
     st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     st.add_argument("--out", help="study directory (default runs/study-NAME)")
     st.set_defaults(fn=cmd_study)
+
+    tb = sub.add_parser(
+        "tensorboard", help="rebuild tb/ event files from a run's (or study's) jsonl records"
+    )
+    tb.add_argument("dir", metavar="RUN_OR_STUDY_DIR", help="a run directory or a study directory")
+    tb.set_defaults(fn=cmd_tensorboard)
 
     c = sub.add_parser("config", help="print the resolved config")
     with_config(c, required=False)

@@ -337,6 +337,22 @@ TableSharding = Literal[
 ]
 
 
+class MlflowConfig(_Section):
+    """Export a run to an MLflow tracking server (``pip install .[mlflow]``); see
+    :mod:`dlrm_vrgd.tracking.mlflow_sink`. The run directory stays the record: a server that
+    cannot be reached is logged once and training goes on."""
+
+    #: ``http(s)://HOST:PORT``, ``sqlite:///PATH`` or ``file:PATH`` (MLflow's own URI forms).
+    tracking_uri: Annotated[str, Field(min_length=1, max_length=2000)]
+    experiment: Annotated[str, Field(min_length=1, max_length=500)] = "dlrm-vrgd"
+    #: Where a newly created experiment keeps artifacts (None: the tracking server decides).
+    artifact_location: Annotated[str, Field(min_length=1, max_length=2000)] | None = None
+    #: MLflow run name (None: the run directory's name).
+    run_name: Annotated[str, Field(min_length=1, max_length=250)] | None = None
+    #: Nest the run under this MLflow run (a study sets it for its cells).
+    parent_run_id: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+
+
 class RunConfig(_Section):
     global_batch: Count(1, MAX_BATCH) = 8192
     micro_batch: Count(1, MAX_MICRO_BATCH) = 1024
@@ -374,6 +390,10 @@ class RunConfig(_Section):
     #: Longest wait of a collective (all-reduce, all-to-all, barrier): a rank that froze or
     #: died fails the job after this many seconds instead of hanging it.
     collective_timeout_s: Count(10, 86_400) = 180
+    #: Write TensorBoard event files to ``tb/`` in the run directory (rank 0, off the step).
+    tensorboard: bool = True
+    #: Also export params, metrics and artifacts to MLflow (None: off).
+    mlflow: MlflowConfig | None = None
 
     @model_validator(mode="after")
     def _check_batch(self) -> RunConfig:

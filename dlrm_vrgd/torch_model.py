@@ -30,7 +30,7 @@ from dlrm_vrgd.embedding.capture import LookupCapture, LookupLayout
 from dlrm_vrgd.embedding.init import table_init
 
 
-def _mlp(sizes: list[int]) -> nn.Sequential:
+def mlp(sizes: list[int]) -> nn.Sequential:
     layers: list[nn.Module] = []
     for a, b in zip(sizes[:-1], sizes[1:], strict=True):
         layers += [nn.Linear(a, b), nn.ReLU()]
@@ -177,7 +177,7 @@ class TorchClickModel(nn.Module):
         names = [f"t_{f}" for f in feature_names(num_sparse)]
         self.lookup = TorchLookup(self.tables, names, rows)
         self.arch = m.arch
-        self.dense_arch = _mlp([num_dense, *m.dense_arch])
+        self.dense_arch = mlp([num_dense, *m.dense_arch])
         if m.arch == "dlrm":
             self.register_buffer(
                 "triu", torch.triu_indices(num_sparse + 1, num_sparse + 1, offset=1),
@@ -189,7 +189,7 @@ class TorchClickModel(nn.Module):
                                             m.dcn_low_rank_dim)  # fmt: skip
             over_in = (num_sparse + 1) * dim
         sizes = [over_in, *m.over_arch]
-        self.over_arch = nn.Sequential(_mlp(sizes[:-1]), nn.Linear(sizes[-2], sizes[-1]))
+        self.over_arch = nn.Sequential(mlp(sizes[:-1]), nn.Linear(sizes[-2], sizes[-1]))
         self.to(device)
 
     @property

@@ -144,6 +144,13 @@ class ServiceClient:
             raise ApiError(response.status_code, response.text)
         return response.content
 
+    def model(self, job_id: str) -> bytes:
+        """A succeeded train job's model directory as a tar archive (``model-ID/...``)."""
+        response = self.http.get(f"{API}/jobs/{job_id}/model")
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, response.text)
+        return response.content
+
     def logs(self, job_id: str, tail: int = 100) -> str:
         response = self.http.get(f"{API}/jobs/{job_id}/logs", params={"tail": tail})
         if response.status_code >= 400:

@@ -41,7 +41,7 @@ API_PREFIX = "/api/v1"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 #: Config sections whose name pydantic puts in error locations (discriminated union tags).
 _UNION_TAGS = ("synthetic", "criteo")
-_KIND_TAGS = ("train", "study")
+_KIND_TAGS = ("train", "study", "score")
 
 
 # ------------------------------------------------------------------------------- lock

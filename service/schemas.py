@@ -53,14 +53,46 @@ class StudyJobCreate(BaseModel):
     timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = None
 
 
+class ScoreConfig(BaseModel):
+    """What a ``score`` job scores: the model of a succeeded train job (its ``model``
+    artifact, ``dlrm-vrgd export``) on files under the service's data root
+    (``DLRM_VRGD_DATA_ROOT``, default ``DATA_DIR/data``), as ``dlrm-vrgd score`` does."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Id of a succeeded train job.
+    model_job: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{1,64}$")]
+    #: Paths relative to the data root: raw Criteo files (TSV/CSV, gzip), directories of them,
+    #: or preprocessed directories.
+    inputs: list[Annotated[str, StringConstraints(min_length=1, max_length=1024)]] = Field(
+        min_length=1, max_length=1000
+    )
+    output_format: Literal["csv", "parquet"] = "csv"
+    labels: Literal["auto", "yes", "no"] = "auto"
+    skip_bad_rows: bool = False
+
+
+class ScoreJobCreate(BaseModel):
+    """Batch scoring (``dlrm-vrgd score``) with a train job's model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: JobName
+    kind: Literal["score"]
+    config: ScoreConfig
+    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = None
+
+
 def _job_kind(value: Any) -> str:
     kind = value.get("kind", "train") if isinstance(value, dict) else getattr(value, "kind", None)
-    return kind if kind in ("train", "study") else "train"
+    return kind if kind in ("train", "study", "score") else "train"
 
 
 #: A job to run, by ``kind`` (default "train"); the tag never appears in error locations.
 JobCreate = Annotated[
-    Annotated[TrainJobCreate, Tag("train")] | Annotated[StudyJobCreate, Tag("study")],
+    Annotated[TrainJobCreate, Tag("train")]
+    | Annotated[StudyJobCreate, Tag("study")]
+    | Annotated[ScoreJobCreate, Tag("score")],
     Discriminator(_job_kind),
 ]
 

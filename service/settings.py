@@ -55,6 +55,8 @@ class Settings(BaseSettings):
 
     #: Where the SQLite store (``service.db``), the token and every job's directory live.
     data_dir: Path = Field(default_factory=default_data_dir)
+    #: Files a ``score`` job may read (its ``inputs`` are relative to it); default DATA_DIR/data.
+    data_root: Path | None = None
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     #: Bearer token (``DLRM_VRGD_TOKEN``, else the secret file ``dlrm_vrgd_token``); when
@@ -139,6 +141,10 @@ class Settings(BaseSettings):
     @property
     def db_path(self) -> Path:
         return self.data_dir / "service.db"
+
+    @property
+    def inputs_root(self) -> Path:
+        return self.data_root or self.data_dir / "data"
 
     @property
     def jobs_dir(self) -> Path:

@@ -79,6 +79,8 @@ from dlrm_vrgd.train.rundir import atomic_write_json
 logger = logging.getLogger(__name__)
 
 _BAD_ROW_EXAMPLES = 20
+#: With a frequency threshold: every table's kept (capped) ids, concatenated, increasing.
+VOCAB = "vocab.npy"
 
 
 # ---------------------------------------------------------------------------------- run
@@ -325,10 +327,20 @@ def _finish(
         raise CriteoFormatError("the inputs hold no rows")
 
     caps_list = [int(c) for c in opts.caps] if opts.caps is not None else []
+    vocab: dict[str, Any] | None = None
     if counts is not None:
         logger.info("frequency threshold %d: remapping the sparse ids", threshold)
         remaps = counts.remaps()
         cardinalities = [int(r.max()) + 1 for r in remaps]
+        # the kept ids of every table, in order: row 1 + rank, for mapping raw rows later
+        # (dlrm_vrgd.serve.features)
+        vocab_path = staging / VOCAB
+        np.save(vocab_path, np.concatenate([np.flatnonzero(r) for r in remaps]).astype(np.int64))
+        vocab = {
+            "file": VOCAB,
+            "bytes": vocab_path.stat().st_size,
+            "sha256": sha256_file(vocab_path, sync=True),
+        }
         for day in days:
             path = staging / day_file(day.index, "sparse")
             remap_day(path, remaps)
@@ -353,6 +365,7 @@ def _finish(
             "max_rows_per_table": caps_list or None,
             "frequency_threshold": threshold,
             "cardinalities": cardinalities,
+            "vocab": vocab,
         },
         "skip_bad_rows": opts.skip_bad_rows,
         "bad_rows": sum(s.bad_rows for s in states),

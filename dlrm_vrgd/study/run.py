@@ -5,7 +5,9 @@ Layout of the study directory::
     OUT/
       study.json          the resolved StudyConfig
       metrics.jsonl       one ``kind: cell`` record per finished cell (progress: step = cells done)
-      cells/<cell id>/    one run directory per cell (metrics.jsonl, gsnr.jsonl, result.json)
+      cells/<cell id>/    one run directory per cell (metrics.jsonl, gsnr.jsonl, result.json,
+                          tb/: ``tensorboard --logdir OUT`` shows the whole grid)
+      mlflow.json         the study's MLflow parent run (with ``run.mlflow`` in the base config)
       results.json        every cell's figures and the per-(batch, optimizer) summary
       result.json         the same, written last: the study is complete
       results.csv         one line per (batch, optimizer): the summary, flat
@@ -35,6 +37,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from dlrm_vrgd.config import MlflowConfig, TrainConfig
 from dlrm_vrgd.study.config import Cell, StudyConfig
 from dlrm_vrgd.study.report import write_report
 from dlrm_vrgd.train.rundir import CONFIG, RESULT, JsonlWriter, atomic_write_json
@@ -80,6 +83,7 @@ def run_study(
         if on_cell:
             on_cell(i, len(cells), cell, status, record)
 
+    mlflow = _study_mlflow(study, cells, out)
     todo = []
     try:
         for i, cell in enumerate(cells):
@@ -99,19 +103,54 @@ def run_study(
                     on_cell(i, len(cells), cell, "start", None)
                 t0 = time.perf_counter()
                 train(
-                    study.cell_config(cell),
+                    _with_parent(study.cell_config(cell), mlflow),
                     out / "cells" / cell.id,
                     callbacks=list(train_callbacks or []),
                 )
                 logger.info("cell %s done in %.1fs", cell.id, time.perf_counter() - t0)
                 finished(i, cell, "done")
         else:
-            _run_parallel(study, out, todo, finished)
+            _run_parallel(study, out, todo, finished, mlflow)
     finally:
         log.close()
     results = write_report(study, out)
     atomic_write_json(out / RESULT, results)
+    if mlflow is not None:
+        from dlrm_vrgd.tracking.mlflow_sink import log_study_report
+
+        log_study_report(mlflow[0], mlflow[1], out)
     return results
+
+
+def _study_mlflow(
+    study: StudyConfig, cells: list[Cell], out: Path
+) -> tuple[MlflowConfig, str] | None:
+    """The MLflow settings of the cells and the study's parent run id, when asked for."""
+    cfg = study.cell_config(cells[0]).run.mlflow
+    if cfg is None:
+        return None
+    from dlrm_vrgd.tracking.mlflow_sink import study_parent_run
+
+    run_id = study_parent_run(cfg, out, study.model_dump(mode="json"))
+    return None if run_id is None else (cfg, run_id)
+
+
+def _with_parent(cfg: TrainConfig, mlflow: tuple[MlflowConfig, str] | None) -> TrainConfig:
+    """A cell's config with its MLflow run nested under the study's run."""
+    if mlflow is None or cfg.run.mlflow is None:
+        return cfg
+    nested = cfg.run.mlflow.model_copy(update={"parent_run_id": mlflow[1]})
+    return cfg.model_copy(update={"run": cfg.run.model_copy(update={"mlflow": nested})})
+
+
+#: Config keys that say where a run is tracked, not what it trains: a finished cell is reused
+#: whatever they were.
+_TRACKING_KEYS = ("tensorboard", "mlflow")
+
+
+def _untracked(config: dict[str, Any]) -> dict[str, Any]:
+    run = {k: v for k, v in config.get("run", {}).items() if k not in _TRACKING_KEYS}
+    return {**config, "run": run}
 
 
 #: Settings that only choose which cells run, how many at once, or how they are reported: a
@@ -137,7 +176,7 @@ def _spec(resolved: dict[str, Any]) -> dict[str, Any]:
 def _check_finished_cell(study: StudyConfig, cell: Cell, run_dir: Path) -> None:
     """A finished cell is reused only if it trained exactly the config the study asks of it."""
     stored = json.loads((run_dir / CONFIG).read_text())
-    if stored != json.loads(json.dumps(study.cell_config(cell).to_dict())):
+    if _untracked(stored) != _untracked(json.loads(json.dumps(study.cell_config(cell).to_dict()))):
         raise ValueError(
             f"{run_dir / CONFIG} differs from the config this study gives cell {cell.id}: "
             "use another output directory"
@@ -149,13 +188,15 @@ def _run_parallel(
     out: Path,
     todo: list[tuple[int, Cell]],
     finished: Callable[[int, Cell, str], None],
+    mlflow: tuple[MlflowConfig, str] | None,
 ) -> None:
     threads = max(1, (os.cpu_count() or 1) // study.workers)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(study.workers, mp_context=context) as pool:
         running = {}
         for i, cell in todo:
-            args = (study.cell_config(cell).to_dict(), str(out / "cells" / cell.id), threads)
+            config = _with_parent(study.cell_config(cell), mlflow).to_dict()
+            args = (config, str(out / "cells" / cell.id), threads)
             running[pool.submit(_train_cell, *args)] = (i, cell)
         for future in as_completed(running):
             future.result()  # a failed cell fails the study (finished cells stay finished)

@@ -31,6 +31,7 @@ from dlrm_vrgd.optim.dense import build_dense_optimizer
 from dlrm_vrgd.optim.schedule import batch_scale, lr_factor
 from dlrm_vrgd.optim.sparse import CowClip, SparseRowwiseOptimizer
 from dlrm_vrgd.optim.vrgd import GroupGSNROptimizer
+from dlrm_vrgd.tracking import run_sinks
 from dlrm_vrgd.train import checkpoint as ckpt
 from dlrm_vrgd.train import rundir
 from dlrm_vrgd.train.distributed import (
@@ -61,6 +62,18 @@ RESUMABLE_CHANGES = {
     "run.eval_rows",
     "run.threads",
     "run.malloc_mmap_threshold_kb",
+    "run.tensorboard",
+    "run.mlflow",
+}
+
+#: What may change when a run resumes on another number of ranks (its tables are resharded).
+RESHARD_CHANGES = {
+    "run.nproc_per_node",
+    "run.nnodes",
+    "run.rdzv_endpoint",
+    "run.rdzv_id",
+    "run.sharding",
+    "run.collective_timeout_s",
 }
 
 
@@ -388,17 +401,20 @@ def check_resume(
     if latest is None:
         return None
     manifest = ckpt.read_manifest(latest)
-    if manifest["world_size"] != cfg.run.world_size:
-        raise ValueError(
-            f"cannot resume {out}: {latest.name} was written by {manifest['world_size']} "
-            f"rank(s) and its tables are sharded for that many; resume with "
-            f"run.nnodes x run.nproc_per_node = {manifest['world_size']}"
-        )
     changed = [
-        k for k in config_changes(manifest["config"], cfg.to_dict()) if k not in RESUMABLE_CHANGES
+        k
+        for k in config_changes(manifest["config"], cfg.to_dict())
+        if k not in RESUMABLE_CHANGES | RESHARD_CHANGES
     ]
     if changed:
         raise ValueError(f"cannot resume {out}: config differs in {', '.join(changed)}")
+    if needs_reshard(manifest, cfg):
+        logger.info(
+            "resuming %s (written by %d rank(s)) on %d: its tables are resharded",
+            latest,
+            manifest["world_size"],
+            cfg.run.world_size,
+        )
     return latest
 
 
@@ -439,12 +455,34 @@ def _resume_hint(out: Path) -> str:
     return f"--resume continues from {latest.name}"
 
 
+def needs_reshard(manifest: dict[str, Any], cfg: TrainConfig) -> bool:
+    """Whether a checkpoint's shards differ from what ``cfg`` runs on (ranks or sharding)."""
+    saved = manifest["config"]["run"]
+    return int(manifest["world_size"]) != cfg.run.world_size or (
+        cfg.run.world_size > 1 and saved.get("sharding") != list(cfg.run.sharding)
+    )
+
+
+def load_checkpoint(trainer: Trainer, latest: Path) -> None:
+    """Load checkpoint ``latest`` into ``trainer``, resharding it when it was written by
+    another number of ranks or sharding (:mod:`dlrm_vrgd.train.reshard`)."""
+    if not needs_reshard(ckpt.read_manifest(latest), trainer.cfg):
+        trainer.load_state_dict(ckpt.load_rank_state(latest, trainer.env.rank))
+        return
+    from dlrm_vrgd.train.reshard import gather_checkpoint, rank_state
+
+    full = gather_checkpoint(latest)
+    with_ema = bool(trainer.sparse_opt.gsnr and trainer.sparse_opt.estimator == "ema")
+    trainer.load_state_dict(rank_state(full, trainer.lookups, with_ema))
+
+
 def train(
     cfg: TrainConfig,
     out_dir: str | Path | None = None,
     callbacks: list[Callback] | tuple[Callback, ...] = (),
     resume: bool = False,
     env: DistEnv | None = None,
+    export_to: str | Path | None = None,
 ) -> RunResult:
     """Run the job described by ``cfg``; write the run directory when ``out_dir`` is given.
 
@@ -453,7 +491,9 @@ def train(
     A run that already finished all its steps is not touched: resuming it returns its stored
     result (``already_finished``) and writes nothing.
     Under torchrun, every rank calls this with its ``env``; rank 0 writes the run directory and
-    runs the callbacks, all ranks write their checkpoint shards.
+    runs the callbacks, all ranks write their checkpoint shards. With ``export_to``, the last
+    step is checkpointed (whatever ``run.checkpoint_every``) and exported there as a model
+    directory (:mod:`dlrm_vrgd.serve.export`) before ``result.json`` is written.
     """
     env = env or DistEnv()
     out = Path(out_dir) if out_dir is not None else None
@@ -469,7 +509,7 @@ def train(
     trainer = Trainer(cfg, splits, env=env)
     main = env.is_main
     if latest is not None:
-        trainer.load_state_dict(ckpt.load_rank_state(latest, env.rank))
+        load_checkpoint(trainer, latest)
         logger.info("rank %d resumed from %s", env.rank, latest)
     writing = out is not None and main
     if writing:
@@ -483,8 +523,8 @@ def train(
         (out / rundir.STATUS).unlink(missing_ok=True)
         rundir.atomic_write_json(out / rundir.CONFIG, cfg.to_dict())
     barrier(env)
-    metrics = rundir.JsonlWriter(out / rundir.METRICS) if writing else None  # type: ignore[operator]
-    gsnr = rundir.JsonlWriter(out / rundir.GSNR) if writing else None  # type: ignore[operator]
+    # rank 0's records go to the run directory and the trackers (tracking/): one sink
+    sink = run_sinks(cfg, out, latest is not None) if writing and out is not None else None
     callbacks = callbacks if main else ()
     run = cfg.run
     info = {
@@ -496,10 +536,10 @@ def train(
         "world_size": env.world_size,
         "train_rows": trainer.splits.train.num_rows,
     }
-    if metrics:
-        metrics.write({"kind": "start", "step": trainer.step, **info})
+    if sink:
+        sink.start({"kind": "start", "step": trainer.step, **info})
         if skipped:  # say in the run's record why it went back further than its newest
-            metrics.write(
+            sink.metrics(
                 {
                     "kind": "checkpoint_fallback",
                     "step": trainer.step,
@@ -518,12 +558,12 @@ def train(
             record = trainer.train_step()
             train_s += record["step_seconds"]
             losses.append(record["loss"])
-            if metrics and (record["step"] % run.log_every == 0 or record["step"] == 1):
-                metrics.write({"kind": "train", **record})
+            if sink and (record["step"] % run.log_every == 0 or record["step"] == 1):
+                sink.metrics({"kind": "train", **record})
             if out is not None and (record["step"] % run.gsnr_every == 0 or record["step"] == 1):
                 gsnr_record = trainer.gsnr_record()  # collective
-                if gsnr:
-                    gsnr.write(gsnr_record)
+                if sink:
+                    sink.gsnr(gsnr_record)
             for cb in callbacks:
                 cb.on_step(record)
             last = trainer.step == trainer.total_steps
@@ -531,8 +571,8 @@ def train(
                 t0 = time.perf_counter()
                 ev = _eval_record(trainer, "val", run.eval_rows)
                 eval_s += time.perf_counter() - t0
-                if metrics:
-                    metrics.write(ev)
+                if sink:
+                    sink.metrics(ev)
                 for cb in callbacks:
                     cb.on_eval(ev)
             if out and run.checkpoint_every and trainer.step % run.checkpoint_every == 0:
@@ -547,11 +587,12 @@ def train(
             finals.append(_eval_record(trainer, "train", run.final_train_eval_rows))
         eval_s += time.perf_counter() - t0
         for ev in finals:
-            if metrics:
-                metrics.write(ev)
+            if sink:
+                sink.metrics(ev)
             for cb in callbacks:
                 cb.on_eval(ev)
-        if out and run.checkpoint_every and trainer.step % run.checkpoint_every != 0:
+        saved = bool(run.checkpoint_every) and trainer.step % run.checkpoint_every == 0
+        if out and (run.checkpoint_every or export_to is not None) and not saved:
             trainer.save_checkpoint(out)
     except KeyboardInterrupt as err:
         hint = _resume_hint(out) if out is not None else "it wrote no run directory"
@@ -561,6 +602,8 @@ def train(
                 out / rundir.STATUS,  # type: ignore[operator]
                 {"state": "interrupted", "step": trainer.step, "message": message},
             )
+        if sink:
+            sink.close()
         raise RunInterrupted(message) from err
     except BaseException as err:
         if writing:  # tell readers (the service) why the run ended
@@ -568,11 +611,9 @@ def train(
                 out / rundir.STATUS,  # type: ignore[operator]
                 {"state": "failed", "step": trainer.step, "error": f"{type(err).__name__}: {err}"},
             )
+        if sink:
+            sink.close()
         raise
-    finally:
-        for w in (metrics, gsnr):
-            if w:
-                w.close()
 
     result = RunResult(
         steps=trainer.step,
@@ -586,9 +627,19 @@ def train(
         out_dir=out,
         train=_strip(finals[2]) if len(finals) > 2 else None,
     )
-    if writing:
+    if sink:
         assert out is not None
-        _write_result(out, cfg, result, result.samples - samples_before, env)
+        try:
+            if export_to is not None:
+                from dlrm_vrgd.serve.export import export_model
+
+                export_model(out, export_to, trainer.step, overwrite=True)
+            written = _write_result(
+                out, cfg, result, result.samples - samples_before, env, sink.result_fields()
+            )
+            sink.finish(written)
+        finally:
+            sink.close()
     barrier(env)
     for cb in callbacks:
         cb.on_end(result)
@@ -596,8 +647,15 @@ def train(
 
 
 def _write_result(
-    out: Path, cfg: TrainConfig, result: RunResult, trained: int, env: DistEnv
-) -> None:
+    out: Path,
+    cfg: TrainConfig,
+    result: RunResult,
+    trained: int,
+    env: DistEnv,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """Write ``result.json`` (``extra``: the trackers' fields, e.g. the MLflow run id); returns
+    it as readers see it (non-finite floats as null)."""
     sparse = cfg.optim.sparse
     rundir.atomic_write_json(
         out / rundir.RESULT,
@@ -637,8 +695,10 @@ def _write_result(
             },
             "config": cfg.to_dict(),
             "versions": _versions(),
+            **extra,
         },
     )
+    return json.loads((out / rundir.RESULT).read_text())
 
 
 def _eval_record(trainer: Trainer, split: str, limit: int | None) -> dict[str, Any]:

@@ -135,3 +135,33 @@ def drop_evals_at(path: Path, step: int) -> None:
     kept = [r for r in records if not (r.get("kind") == "eval" and int(r.get("step", 0)) == step)]
     if len(kept) != len(records):
         atomic_write_bytes(path, "".join(dumps(r) + "\n" for r in kept).encode())
+
+
+class RunDirSink:
+    """The run directory as a :class:`dlrm_vrgd.tracking.Sink`: ``metrics.jsonl`` (the start
+    record, step and eval records) and ``gsnr.jsonl``. ``result.json`` is written by the loop."""
+
+    name = "run directory"
+
+    def __init__(self, out: Path) -> None:
+        self._metrics = JsonlWriter(Path(out) / METRICS)
+        self._gsnr = JsonlWriter(Path(out) / GSNR)
+
+    def start(self, record: dict[str, Any]) -> None:
+        self._metrics.write(record)
+
+    def metrics(self, record: dict[str, Any]) -> None:
+        self._metrics.write(record)
+
+    def gsnr(self, record: dict[str, Any]) -> None:
+        self._gsnr.write(record)
+
+    def result_fields(self) -> dict[str, Any]:
+        return {}
+
+    def finish(self, result: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._gsnr.close()

@@ -5,7 +5,8 @@ DATA_DIR/jobs/<id>/
   config.yaml   the submitted config, resolved (what the trainer is started with)
   train.log     the trainer's stdout and stderr
   run/          the run directory (dlrm_vrgd.train.rundir): metrics.jsonl, gsnr.jsonl,
-                checkpoints/, result.json
+                checkpoints/, result.json; model/ (train jobs: the exported model);
+                predictions.csv|parquet (score jobs)
 ```
 
 Artifact names are relative paths inside ``run/``. A name with an absolute path, a ``..`` or
@@ -20,6 +21,8 @@ import os
 import re
 import shutil
 import stat
+import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +38,7 @@ RUN = "run"
 RESULT = "result.json"
 METRICS = "metrics.jsonl"
 GSNR = "gsnr.jsonl"
+MODEL = "model"
 
 _BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
 #: Bytes read from the end of a log to find its last lines.
@@ -58,6 +62,11 @@ class JobFiles:
     @property
     def run_dir(self) -> Path:
         return self.root / RUN
+
+    @property
+    def model_dir(self) -> Path:
+        """A train job's exported model (``dlrm-vrgd export``), its ``model`` artifact."""
+        return self.run_dir / MODEL
 
     @property
     def result(self) -> Path:
@@ -198,3 +207,24 @@ def list_artifacts(files: JobFiles) -> list[Artifact]:
                 )
             )
     return out
+
+
+def tar_stream(directory: Path, arcname: str, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """The regular files of ``directory`` (top level, sorted) as an uncompressed tar archive
+    under ``arcname/``, in ``chunk``-sized pieces: memory stays bounded whatever the size."""
+    files = sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
+    for path in files:
+        st = path.stat()
+        info = tarfile.TarInfo(f"{arcname}/{path.name}")
+        info.size, info.mtime, info.mode = st.st_size, int(st.st_mtime), 0o644
+        yield info.tobuf(format=tarfile.PAX_FORMAT)
+        sent = 0
+        with path.open("rb") as f:
+            while sent < st.st_size and (data := f.read(min(chunk, st.st_size - sent))):
+                sent += len(data)
+                yield data
+        if sent != st.st_size:
+            raise OSError(f"{path}: changed while being sent")
+        if st.st_size % tarfile.BLOCKSIZE:
+            yield b"\0" * (tarfile.BLOCKSIZE - st.st_size % tarfile.BLOCKSIZE)
+    yield b"\0" * (2 * tarfile.BLOCKSIZE)  # end of archive

@@ -101,6 +101,10 @@ def update_progress(
             for key in ("val_auc", "test_auc"):
                 p[f"{key}"] = _num(rec.get(key))
             p["test_oracle_auc"] = _num(rec.get("oracle_auc"))
+        elif kind == "score":  # a score job: rows done and the fraction of the input read
+            p["rows"] = _int(rec.get("rows"))
+            p["rows_per_s"] = _num(rec.get("rows_per_s"))
+            p["fraction"] = _num(rec.get("fraction"))
         elif kind == "train":
             for key in ("step", "samples"):
                 if _int(rec.get(key)) is not None:

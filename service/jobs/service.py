@@ -22,6 +22,7 @@ from dlrm_vrgd.config import CriteoData, TrainConfig
 from dlrm_vrgd.resources import ResourceError, check_fits, check_study_fits
 from dlrm_vrgd.study.config import StudyConfig
 from service.errors import (
+    ArtifactNotFound,
     IllegalTransition,
     InvalidInput,
     JobNotFound,
@@ -34,9 +35,9 @@ from service.jobs.gpus import gpu_request
 from service.jobs.kinds import KINDS
 from service.jobs.notifier import Notifier
 from service.jobs.runner import Runner
-from service.jobs.states import TERMINAL
+from service.jobs.states import SUCCEEDED, TERMINAL
 from service.jobs.store import Job, Series, Store
-from service.schemas import JobCreate, JobPublic
+from service.schemas import JobCreate, JobPublic, ScoreConfig
 from service.settings import Settings
 
 #: Records per database read of an event stream.
@@ -74,6 +75,8 @@ class JobService:
         if isinstance(body.config, StudyConfig):
             self._check_memory(body.config, ("body", "config"))
             return self._create(body, body.config.model_dump(mode="json"))
+        if isinstance(body.config, ScoreConfig):
+            return self._create(body, self._resolve_score(body.config))
         config = body.config
         if isinstance(config.data, CriteoData):
             path = config.data.path.expanduser()
@@ -94,6 +97,34 @@ class JobService:
             config = config.model_copy(update={"data": data})
         self._check_memory(config, ("body", "config"))
         return self._create(body, config.to_dict())
+
+    def _resolve_score(self, config: ScoreConfig) -> dict[str, Any]:
+        """A score job's config with the model directory and input paths made absolute; 422
+        naming the field for a model job without a model or an input outside the data root."""
+        job = self.store.get_job(config.model_job)
+        loc = ("body", "config", "model_job")
+        if job is None or job.kind != "train":
+            raise InvalidInput("config.model_job", f"no train job {config.model_job}", loc)
+        model_dir = self.files(job.id).model_dir
+        if job.state != SUCCEEDED or not (model_dir / "manifest.json").is_file():
+            raise InvalidInput(
+                "config.model_job",
+                f"job {job.id} is {job.state} and has no model (only a succeeded train job has)",
+                loc,
+            )
+        root = self.settings.inputs_root.resolve()
+        paths = []
+        for i, name in enumerate(config.inputs):
+            field, iloc = f"config.inputs.{i}", ("body", "config", "inputs", i)
+            parts = name.split("/")
+            if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+                raise InvalidInput(field, f"{name!r}: a path relative to the data root", iloc)
+            path = (root / name).resolve()
+            if not path.is_relative_to(root) or not path.exists():
+                raise InvalidInput(field, f"{name!r}: not found under the data root {root}", iloc)
+            paths.append(str(path))
+        return {**config.model_dump(mode="json"), "model_dir": str(model_dir),
+                "input_paths": paths}  # fmt: skip
 
     def _check_memory(self, config: TrainConfig | StudyConfig, loc: tuple[str, ...]) -> None:
         limit = self.settings.job_memory_bytes
@@ -214,6 +245,14 @@ class JobService:
     def artifacts(self, job_id: str) -> list[jobfiles.Artifact]:
         self.get(job_id)
         return jobfiles.list_artifacts(self.files(job_id))
+
+    def model_dir(self, job_id: str) -> Path:
+        """A train job's exported model directory; 404 until the job has one."""
+        job = self.get(job_id)
+        model = self.files(job_id).model_dir
+        if job.kind != "train" or not (model / "manifest.json").is_file():
+            raise ArtifactNotFound(f"job {job_id} has no model ({job.kind}, {job.state})")
+        return model
 
     def artifact_path(self, job_id: str, name: str) -> Path:
         jobfiles.check_artifact_name(name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-JobKind = Literal["train", "study"]
+JobKind = Literal["train", "study", "score"]
 
 QUEUED: JobState = "queued"
 RUNNING: JobState = "running"

@@ -418,3 +418,25 @@ def test_two_constant_learning_rates_draw_two_visible_lines(
     assert styles == ["solid", "dashed"]
     assert page.evaluate("() => window.dashboard.charts.auc.series[3].points.size") >= 10
     shot(page, "job-lr-chart")
+
+
+def test_the_job_page_downloads_a_finished_jobs_model(signed_in: Watched, served: Served) -> None:
+    import io
+    import tarfile
+
+    page = signed_in.page
+    page.goto(served.url(f"/ui/jobs/{served.running['id']}"))  # running or cancelled by now
+    page.wait_for_function("document.title.startsWith('long running ·')")
+    assert page.locator("#download-model").is_hidden()  # it has no model
+    job_id = served.finished["id"]
+    page.goto(served.url(f"/ui/jobs/{job_id}"))
+    page.wait_for_selector("#download-model", state="visible")
+    assert page.locator("#download-predictions").is_hidden()
+    assert page.locator("#model-job").is_hidden()
+    with page.expect_download() as download:
+        page.click("#download-model")
+    assert download.value.suggested_filename == f"model-{job_id}.tar"
+    data = Path(download.value.path()).read_bytes()
+    assert data == served.client.model(job_id)
+    names = tarfile.open(fileobj=io.BytesIO(data)).getnames()
+    assert f"model-{job_id}/weights.pt" in names

@@ -86,6 +86,9 @@ def test_tiny_grid_writes_every_output(finished) -> None:
         assert (out / name).stat().st_size > 0, name
     for cell in study.cells():
         assert (out / "cells" / cell.id / "result.json").exists()
+        # one TensorBoard run per cell: `tensorboard --logdir OUT` shows the grid
+        assert len(list((out / "cells" / cell.id / "tb").glob("events.out.tfevents.*"))) == 1
+    assert not (out / "tb").exists()
     progress = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in progress] == list(range(1, 17))
     assert {r["kind"] for r in progress} == {"cell"} and progress[-1]["total_cells"] == 16

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from fastapi.responses import FileResponse, PlainTextResponse
+from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
 
 from service.api.deps import JobId, ServiceDep
 from service.api.responses import INVALID, NOT_FOUND
+from service.jobs.files import tar_stream
 from service.schemas import ArtifactPublic, ArtifactsPublic
 
 router = APIRouter(prefix="/jobs", tags=["artifacts"])
@@ -37,6 +38,26 @@ def get_logs(
     """The last lines of the job's stdout and stderr (progress-bar redraws collapsed)."""
     lines = service.log_tail(job_id, tail)
     return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
+
+
+@router.get(
+    "/{job_id}/model",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/x-tar": {"schema": {"type": "string"}}}},
+        **NOT_FOUND,
+    },
+)
+def get_model(job_id: JobId, service: ServiceDep) -> StreamingResponse:
+    """A succeeded train job's model (``dlrm-vrgd export``: weights, feature layout, config,
+    torch.export program, manifest with SHA-256) as one tar archive, ``model-ID/...``. Load it
+    with ``dlrm_vrgd.serve.model.load_model`` or score with ``dlrm-vrgd score --model``."""
+    model = service.model_dir(job_id)
+    return StreamingResponse(
+        tar_stream(model, f"model-{job_id}"),
+        media_type="application/x-tar",
+        headers={"Content-Disposition": f'attachment; filename="model-{job_id}.tar"'},
+    )
 
 
 @router.get("/{job_id}/artifacts", response_model=ArtifactsPublic, responses={**NOT_FOUND})

@@ -5,7 +5,7 @@
 // event stream (fetch-streamed SSE, see sse.js) delivers every new record, resuming after the
 // history's last record so nothing is missed; charts redraw at most every REDRAW_MS.
 
-import { ApiError, api } from "../api.js";
+import { ApiError, api, downloadArtifact } from "../api.js";
 import { destroyAll } from "../charts.js";
 import { badge, compact, duration, elapsed, fill, fmt, h, int, isNum, localTime, pct, progressBar, toast } from "../dom.js";
 import { JobSeries } from "../series.js";
@@ -57,6 +57,13 @@ export async function jobView(main, jobId) {
   const cancelBtn = h("button", { type: "button", class: "btn btn-danger", id: "cancel-job" }, "Cancel job");
   const compareLink = h("a", { class: "btn", href: `/ui/compare?ids=${encodeURIComponent(jobId)}`, title: "Compare this job's AUC curve with others" }, "Compare…");
   compareLink.hidden = job.kind !== "train";
+  // a succeeded train job's model (GET /jobs/{id}/model, a tar); a score job's predictions and
+  // the job whose model it used
+  const modelBtn = h("button", { type: "button", class: "btn", id: "download-model", title: "The exported model (dlrm-vrgd export) as a tar archive" }, "Download model");
+  const predictionsBtn = h("button", { type: "button", class: "btn", id: "download-predictions" }, "Download predictions");
+  const modelJob = (job.config || {}).model_job;
+  const modelJobLink = h("a", { class: "btn", id: "model-job", href: modelJob ? `/ui/jobs/${encodeURIComponent(modelJob)}` : "#" }, "Model's train job");
+  modelJobLink.hidden = job.kind !== "score";
   const progressSlot = h("div", { class: "job-progress" });
   const tiles = h("div", { class: "tiles", id: "tiles" });
   const errorBox = h("pre", { class: "error-box", id: "job-error", hidden: true });
@@ -74,7 +81,7 @@ export async function jobView(main, jobId) {
       "div",
       { class: "job-head" },
       h("div", { class: "job-head-main" }, h("div", { class: "title-row" }, title, stateSlot, streamBadge), meta),
-      h("div", { class: "job-actions" }, compareLink, cancelBtn),
+      h("div", { class: "job-actions" }, modelBtn, predictionsBtn, modelJobLink, compareLink, cancelBtn),
     ),
     progressSlot,
     errorBox,
@@ -126,6 +133,8 @@ export async function jobView(main, jobId) {
     if (job.slurm_job_id) parts.push(h("span", { class: "mono" }, `Slurm job ${job.slurm_job_id}`));
     fill(meta, parts.flatMap((p, i) => (i ? [" · ", p] : [p])));
     cancelBtn.hidden = !ACTIVE.has(job.state);
+    modelBtn.hidden = !(job.kind === "train" && job.state === "succeeded");
+    predictionsBtn.hidden = !(job.kind === "score" && job.state === "succeeded");
     const unit = { train: " steps", study: " cells" }[job.kind] ?? "";
     const suffix = isNum((job.progress || {}).step) ? unit : "";
     fill(progressSlot, progressBar(progressFraction(job), `${progressText(job)}${suffix}`));
@@ -205,6 +214,28 @@ export async function jobView(main, jobId) {
       if (!stop.signal.aborted) console.warn("could not list artifacts", err);
     }
   }
+
+  // ------------------------------------------------------------------ downloads
+  modelBtn.addEventListener("click", async () => {
+    try {
+      const res = await api(`${path}/model`, { raw: true });
+      const url = URL.createObjectURL(await res.blob());
+      const a = h("a", { href: url, download: `model-${jobId}.tar` });
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60_000);
+    } catch (err) {
+      toast(`Download failed: ${err.message}`, "error");
+    }
+  });
+  predictionsBtn.addEventListener("click", async () => {
+    try {
+      await downloadArtifact(jobId, `predictions.${(job.config || {}).output_format || "csv"}`);
+    } catch (err) {
+      toast(`Download failed: ${err.message}`, "error");
+    }
+  });
 
   // ------------------------------------------------------------------ cancel
   cancelBtn.addEventListener("click", async () => {

@@ -1,0 +1,159 @@
+"""Batch scoring: rows/s of `dlrm-vrgd score` on raw TSV beside `preprocess` alone and beside the
+trainer's eval path on the same rows, in one run; and peak RSS of `score` at two input lengths.
+
+A small model (configs' default ModelConfig: dim 16, MLPs 64-16 / 64-32-1) is trained for two
+steps on generated rows, preprocessed with --max-rows-per-table 100000, and exported. Then, on
+the same N fresh rows (bench/preprocess.py's generator, ~240 bytes a line):
+
+* preprocess: `dlrm-vrgd preprocess` of the TSV with the same cap (the parsing floor);
+* score: `dlrm-vrgd score` of the TSV (parse, map, forward, CSV output, metrics);
+* trainer eval: `Trainer.evaluate` on the preprocessed rows (memory-mapped batches, the
+  torchrec model's forward, metrics) — what the trainer does at each eval.
+
+Medians over --reps interleaved runs. Targets: score >= 0.8x preprocess; score's peak RSS (a
+child process each, os.wait4's ru_maxrss) the same for N and 4N rows.
+
+    python bench/score.py [--rows 400000] [--reps 3] [--cores 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import print_table
+from preprocess import generate
+
+from dlrm_vrgd.config import parse_config
+from dlrm_vrgd.data.criteo import CriteoDays, CriteoSource
+from dlrm_vrgd.data.criteo_format import format_criteo_text
+from dlrm_vrgd.data.criteo_preprocess import preprocess
+from dlrm_vrgd.serve.export import export_model
+from dlrm_vrgd.serve.score import score
+from dlrm_vrgd.train.loop import Trainer
+
+CAP = 100_000
+TARGET = 0.8
+
+
+def train_model(root: Path, cores: int) -> Path:
+    raw = root / "train_raw"
+    raw.mkdir()
+    for day in range(2):
+        (raw / f"day_{day}").write_bytes(format_criteo_text(*generate(20_000, seed=100 + day)))
+    data = root / "train_data"
+    preprocess([raw], data, max_rows_per_table=CAP, workers=cores, progress=False)
+    cfg = parse_config(
+        {
+            "data": {"source": "criteo", "path": str(data)},
+            "run": {"global_batch": 4096, "micro_batch": 2048, "steps": 2, "eval_every": 0},
+        }
+    )
+    trainer = Trainer(cfg)
+    for _ in range(2):
+        trainer.train_step()
+    trainer.save_checkpoint(root / "run")
+    export_model(root / "run", root / "model", program=False)
+    return root / "model"
+
+
+def peak_rss_mb(cmd: list[str]) -> float:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        raise RuntimeError(f"{cmd}: exit {status}: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+    return usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=400_000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cores", type=int, default=2, help="CPUs to run on (sched_setaffinity)")
+    args = ap.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > args.cores:
+        os.sched_setaffinity(0, cpus[: args.cores])
+    cores = len(os.sched_getaffinity(0))
+    root = Path(tempfile.mkdtemp(prefix="bench-score-"))
+    try:
+        model = train_model(root, cores)
+        text = format_criteo_text(*generate(args.rows, seed=7))
+        tsv = root / "day_0"
+        tsv.write_bytes(text)
+        print(
+            f"{args.rows:,} rows, {len(text) / 1e6:,.0f} MB of TSV; {cores} cores, "
+            f"median of {args.reps}"
+        )
+        days = root / "days"
+        preprocess([tsv], days, max_rows_per_table=CAP, workers=cores, progress=False)
+        store = CriteoDays(days)
+        source = CriteoSource(store.days, [(0, 0, args.rows)], store.cardinalities, 65_536)
+        trainer = Trainer(
+            parse_config(
+                {
+                    "data": {"source": "criteo", "path": str(root / "train_data")},
+                    "run": {"global_batch": 4096, "micro_batch": 2048, "eval_batch": 16_384},
+                }
+            )
+        )
+
+        def run_preprocess() -> int:
+            out = root / "pre"
+            shutil.rmtree(out, ignore_errors=True)
+            return preprocess([tsv], out, max_rows_per_table=CAP, workers=cores,
+                              progress=False).rows  # fmt: skip
+
+        def run_score() -> int:
+            res = score(model, [tsv], root / "p.csv", overwrite=True, workers=cores,
+                        progress=False)  # fmt: skip
+            return res.rows
+
+        def run_eval() -> int:
+            trainer._eval_cache.clear()
+            return int(trainer.evaluate(source)["rows"])
+
+        variants = {"preprocess": run_preprocess, "score": run_score, "trainer eval": run_eval}
+        wall: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(args.reps):
+            for name, fn in variants.items():
+                t0 = time.perf_counter()
+                rows = fn()
+                wall[name].append(time.perf_counter() - t0)
+                assert rows == args.rows, (name, rows)
+        floor = statistics.median(wall["preprocess"])
+        table = []
+        for name in variants:
+            w = statistics.median(wall[name])
+            table.append([name, w, args.rows / w, floor / w])
+        print_table(["variant", "s", "rows/s", "x preprocess"], table)
+        ratio = floor / statistics.median(wall["score"])
+        print(f"score / preprocess speed: {ratio:.2f} (target >= {TARGET})")
+
+        # peak RSS of `dlrm-vrgd score` at N and 4N rows (a child process each)
+        long = root / "day_long"
+        with long.open("wb") as f:
+            for _ in range(4):
+                f.write(text)
+        cli = [sys.executable, "-m", "dlrm_vrgd.cli", "score", "--model", str(model),
+               "--overwrite", "--no-progress", "--workers", str(cores)]  # fmt: skip
+        rss = {
+            n: peak_rss_mb([*cli, "--input", str(p), "--out", str(root / f"rss{n}.csv")])
+            for n, p in ((args.rows, tsv), (4 * args.rows, long))
+        }
+        print_table(["score input rows", "peak RSS MB"], [[f"{n:,}", mb] for n, mb in rss.items()])
+        a, b = rss.values()
+        print(f"peak RSS 4N / N: {b / a:.2f} (target: independent of the input length, ~1.0)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

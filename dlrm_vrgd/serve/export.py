@@ -1,0 +1,194 @@
+"""``dlrm-vrgd export``: a training checkpoint -> a device-independent model directory.
+
+Reads any checkpoint of a run (one rank or several; tables whole or sharded table-wise or
+column-wise; FBGEMM or torch embedding backend): every rank's file is verified against the
+checkpoint's manifest (size and SHA-256) and the tables are reassembled
+(:func:`~dlrm_vrgd.train.reshard.gather_checkpoint`). The dense parameters are mapped onto
+:class:`~dlrm_vrgd.serve.model.ScoringModel` by position (torchrec's DLRM and the torch backend
+register the same layers in the same order; every shape is checked). The directory
+(layout in :mod:`dlrm_vrgd.serve.model`) is written under a hidden name next to ``--out`` and
+renamed into place when complete, manifest last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dlrm_vrgd.config import parse_config
+from dlrm_vrgd.serve import model as m
+from dlrm_vrgd.serve.features import FeatureError, layout_of_run
+from dlrm_vrgd.train import checkpoint as ckpt
+from dlrm_vrgd.train.reshard import FullState, gather_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+class ExportError(ValueError):
+    """A run or checkpoint that cannot be exported (the message says why)."""
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    step: int
+    world_size: int
+    manifest: dict[str, Any]
+
+
+def find_checkpoint(run_dir: Path, step: int | None) -> Path:
+    """Checkpoint ``step`` of a run (default: the newest)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ExportError(f"{run_dir}: no such run directory")
+    found = ckpt.list_checkpoints(run_dir)
+    if not found:
+        raise ExportError(
+            f"{run_dir}: no checkpoint (train with run.checkpoint_every > 0; a finished run "
+            "writes one at its last step)"
+        )
+    if step is None:
+        return found[-1]
+    for path in found:
+        if path.name == f"step_{step:08d}":
+            return path
+    steps = ", ".join(str(int(p.name.removeprefix("step_"))) for p in found)
+    raise ExportError(f"{run_dir}: no checkpoint of step {step} (there are: {steps})")
+
+
+def scoring_model(full: FullState) -> m.ScoringModel:
+    """A :class:`ScoringModel` holding the checkpoint's weights."""
+    cfg = parse_config(full.config, "checkpoint config")
+    tables = list(full.tables.values())
+    dims = {t.dim for t in tables}
+    if dims != {cfg.model.embedding_dim}:
+        raise ExportError(f"tables of dims {sorted(dims)}, config says {cfg.model.embedding_dim}")
+    dense = list(full.dense.items())
+    num_dense = int(dense[0][1].shape[1])
+    arch = arch_of(cfg.to_dict(), [t.rows for t in tables], num_dense)
+    model = m.ScoringModel(**arch)
+    params = list(model.named_parameters())
+    if len(params) != len(dense):
+        raise ExportError(f"checkpoint has {len(dense)} dense tensors, the model {len(params)}")
+    with torch.no_grad():
+        for (name, p), (saved, value) in zip(params, dense, strict=True):
+            if tuple(p.shape) != tuple(value.shape):
+                raise ExportError(
+                    f"dense tensor {saved} is {tuple(value.shape)}, {name} is {tuple(p.shape)}"
+                )
+            p.copy_(value)
+        model.weight.copy_(torch.cat([t.weight for t in tables]))
+    return model.eval()
+
+
+def arch_of(config: dict[str, Any], table_rows: list[int], num_dense: int) -> dict[str, Any]:
+    mc = config["model"]
+    return {
+        "arch": mc["arch"],
+        "table_rows": table_rows,
+        "embedding_dim": mc["embedding_dim"],
+        "num_dense": num_dense,
+        "dense_arch": list(mc["dense_arch"]),
+        "over_arch": list(mc["over_arch"]),
+        "dcn_num_layers": mc["dcn_num_layers"],
+        "dcn_low_rank_dim": mc["dcn_low_rank_dim"],
+    }
+
+
+def export_program(model: m.ScoringModel, path: Path) -> None:
+    """``torch.export`` of the scoring module with a dynamic batch dimension."""
+    n = 4
+    dense = torch.zeros(n, model.dense_arch[0].in_features)
+    sparse = torch.zeros(n, len(model.table_rows), dtype=torch.int64)
+    batch = torch.export.Dim("batch", min=1, max=1 << 30)
+    program = torch.export.export(
+        model, (dense, sparse), dynamic_shapes={"dense": {0: batch}, "sparse": {0: batch}}
+    )
+    torch.export.save(program, str(path))
+
+
+def export_model(
+    run_dir: str | Path,
+    out: str | Path,
+    step: int | None = None,
+    *,
+    program: bool = True,
+    overwrite: bool = False,
+) -> ExportResult:
+    """Write the model directory ``out`` from checkpoint ``step`` (default newest) of a run."""
+    run_dir, out = Path(run_dir), Path(out).absolute()
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists: pass --overwrite or another --out")
+    path = find_checkpoint(run_dir, step)
+    try:
+        full = gather_checkpoint(path)
+    except ckpt.CheckpointError as err:
+        raise ExportError(f"cannot export: {err}") from None
+    model = scoring_model(full)
+    cfg = parse_config(full.config, "checkpoint config")
+    try:
+        layout, vocab = layout_of_run(cfg, model.table_rows, model.dense_arch[0].in_features)
+    except FeatureError as err:
+        raise ExportError(f"cannot export: {err}") from None
+
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        arch = arch_of(full.config, model.table_rows, model.dense_arch[0].in_features)
+        _write_json(staging / m.ARCH, arch)
+        _write_json(staging / m.CONFIG, full.config)
+        _write_json(staging / m.FEATURES, layout.to_dict())
+        torch.save(model.state_dict(), staging / m.WEIGHTS)
+        if vocab is not None:
+            np.save(staging / m.VOCAB, vocab)
+        if program:
+            export_program(model, staging / m.PROGRAM)
+        files = {
+            f.name: {"bytes": f.stat().st_size, "sha256": m.sha256_file(f)}
+            for f in sorted(staging.iterdir())
+        }
+        manifest = {
+            "format": m.MODEL_FORMAT,
+            "version": m.MODEL_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "run": str(run_dir.absolute()),
+            "checkpoint": path.name,
+            "step": full.step,
+            "world_size": full.world_size,
+            "torch": torch.__version__,
+            "files": files,
+        }
+        _write_json(staging / m.MANIFEST, manifest)
+        for f in staging.iterdir():
+            _fsync(f)
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+            os.replace(staging, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    logger.info("exported %s (step %d, %d rank(s)) to %s", path, full.step, full.world_size, out)
+    return ExportResult(out, full.step, full.world_size, manifest)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def _fsync(path: Path) -> None:
+    with path.open("rb") as f:
+        os.fsync(f.fileno())

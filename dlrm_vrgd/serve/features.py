@@ -1,0 +1,186 @@
+"""How a raw Criteo row becomes the model's inputs: the feature layout of an exported model.
+
+The layout is read from the manifest of the preprocessed data the model was trained on
+(``dlrm-vrgd preprocess``, :mod:`dlrm_vrgd.data.criteo_preprocess`) and the run's data config:
+
+1. parse the line exactly as ``preprocess`` does (:func:`~dlrm_vrgd.data.criteo_parse.parse_block`):
+   dense ``log(max(x, floor) - floor + 2)``, categorical hex ``v`` -> ``v % cap`` with the
+   preprocessing's table caps (``max_rows_per_table``);
+2. with a frequency threshold, ids kept by preprocessing map to ``1 + rank`` among the kept ids
+   of their table (``vocab.npy``), every other id to row 0 — the remap ``preprocess`` applied;
+3. the read-time caps of the run's config (``data.max_rows_per_table``): ``id % cap``.
+
+Preprocessed day files already hold step 1-2's ids; only step 3 applies to them. An id that still
+falls outside its table (possible only when neither preprocessing nor the run capped the ids: a
+value never seen in training) is hashed into the table (``id % rows``) and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlrm_vrgd.config import CriteoData, TrainConfig
+from dlrm_vrgd.data.criteo_output import MANIFEST as DATA_MANIFEST
+from dlrm_vrgd.data.criteo_parse import DEFAULT_DENSE_FLOOR, ParseOptions
+
+logger = logging.getLogger(__name__)
+
+
+class FeatureError(ValueError):
+    """Inputs that cannot be mapped onto a model's features."""
+
+
+@dataclass(frozen=True)
+class FeatureLayout:
+    """``source``: ``criteo`` (raw rows can be scored) or ``synthetic`` (no raw mapping)."""
+
+    source: str
+    num_dense: int
+    table_rows: list[int]
+    dense_floor: int = DEFAULT_DENSE_FLOOR
+    preprocess_caps: list[int] | None = None
+    frequency_threshold: int = 0
+    #: the per-table row counts of the preprocessed data (ids of its day files are below them)
+    data_cardinalities: list[int] | None = None
+    read_caps: list[int] | None = None
+    #: whether the model directory holds the kept ids of a frequency threshold (vocab.npy)
+    vocab: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any]) -> FeatureLayout:
+        return FeatureLayout(**raw)
+
+    @property
+    def raw_rows(self) -> bool:
+        """Whether raw Criteo text can be mapped (else only preprocessed day files)."""
+        return self.source == "criteo" and (self.frequency_threshold == 0 or self.vocab)
+
+    def parse_options(self, skip_bad_rows: bool) -> ParseOptions:
+        caps = None if self.preprocess_caps is None else np.asarray(self.preprocess_caps, np.uint64)
+        return ParseOptions(caps=caps, dense_floor=self.dense_floor, skip_bad_rows=skip_bad_rows)
+
+
+def layout_of_run(cfg: TrainConfig, table_rows: list[int], num_dense: int) -> tuple[
+    FeatureLayout, np.ndarray | None
+]:  # fmt: skip
+    """The feature layout of a run's config, and the vocab (kept ids, concatenated) if any."""
+    data = cfg.data
+    if not isinstance(data, CriteoData):
+        return FeatureLayout("synthetic", num_dense, table_rows), None
+    path = Path(data.path) / DATA_MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FeatureError(
+            f"{path}: missing; the feature layout (hashing, caps, dense transform) of the "
+            "model is read from the manifest of the data it was trained on"
+        ) from None
+    sparse = manifest["sparse"]
+    caps = sparse.get("max_rows_per_table")
+    threshold = int(sparse.get("frequency_threshold") or 0)
+    read_caps = data.max_rows_per_table
+    if isinstance(read_caps, int):
+        read_caps = [read_caps] * len(table_rows)
+    vocab = None
+    if threshold:
+        spec = sparse.get("vocab")
+        if spec is None:
+            logger.warning(
+                "%s was preprocessed with --frequency-threshold by an older version that did not "
+                "keep the kept ids: the model will score preprocessed day files only",
+                data.path,
+            )
+        else:
+            vocab = np.load(Path(data.path) / spec["file"])
+    layout = FeatureLayout(
+        source="criteo",
+        num_dense=num_dense,
+        table_rows=list(table_rows),
+        dense_floor=int(manifest["dense_transform"]["floor"]),
+        preprocess_caps=list(caps) if caps else None,
+        frequency_threshold=threshold,
+        data_cardinalities=[int(c) for c in sparse["cardinalities"]],
+        read_caps=list(read_caps) if read_caps else None,
+        vocab=vocab is not None,
+    )
+    return layout, vocab
+
+
+class FeatureMapper:
+    """Applies a :class:`FeatureLayout` to parsed ids (module docstring, steps 2-3)."""
+
+    def __init__(self, layout: FeatureLayout, vocab: np.ndarray | None = None) -> None:
+        self.layout = layout
+        self.rows = np.asarray(layout.table_rows, dtype=np.int64)
+        self.read_caps = (
+            None if layout.read_caps is None else np.asarray(layout.read_caps, dtype=np.int64)
+        )
+        self.kept: list[np.ndarray] | None = None
+        if layout.frequency_threshold and vocab is not None:
+            cards = layout.data_cardinalities or []
+            ends = np.cumsum([c - 1 for c in cards])
+            self.kept = np.split(np.asarray(vocab, dtype=np.int64), ends[:-1])
+        self.outside = 0  # ids hashed into their table because they fell outside it
+
+    def check_days(self, manifest: dict[str, Any], where: str) -> None:
+        """Refuse preprocessed days whose ids were made by other rules than the model's."""
+        lay = self.layout
+        if lay.source != "criteo":
+            raise FeatureError(f"{where}: the model was trained on synthetic data, not Criteo days")
+        sparse = manifest["sparse"]
+        floor = int(manifest["dense_transform"]["floor"])
+        caps = sparse.get("max_rows_per_table") or None
+        threshold = int(sparse.get("frequency_threshold") or 0)
+        if floor != lay.dense_floor:
+            raise FeatureError(
+                f"{where}: dense floor {floor}, the model was trained with {lay.dense_floor}"
+            )
+        if caps != lay.preprocess_caps or threshold != lay.frequency_threshold:
+            raise FeatureError(
+                f"{where}: preprocessed with max_rows_per_table={caps}, frequency_threshold="
+                f"{threshold}; the model's data used {lay.preprocess_caps}, "
+                f"{lay.frequency_threshold}: preprocess the raw files the same way, or score "
+                "them raw"
+            )
+        if threshold and [int(c) for c in sparse["cardinalities"]] != lay.data_cardinalities:
+            raise FeatureError(
+                f"{where}: its frequency-threshold vocabulary differs from the model's data "
+                "(other inputs were counted): score the raw files instead"
+            )
+
+    def raw_ids(self, sparse: np.ndarray) -> np.ndarray:
+        """Ids as parsed from raw text (capped) -> table rows (in place where possible)."""
+        if self.layout.frequency_threshold:
+            if self.kept is None:
+                raise FeatureError(
+                    "the model's data was preprocessed with a frequency threshold whose kept ids "
+                    "were not saved (an older preprocess): score its preprocessed day files"
+                )
+            out = np.empty_like(sparse)
+            for j, kept in enumerate(self.kept):
+                col = sparse[:, j]
+                pos = np.searchsorted(kept, col)
+                hit = pos < len(kept)
+                hit[hit] = kept[pos[hit]] == col[hit]
+                out[:, j] = np.where(hit, pos + 1, 0)
+            sparse = out
+        return self.day_ids(sparse)
+
+    def day_ids(self, sparse: np.ndarray) -> np.ndarray:
+        """Ids of preprocessed days -> table rows (the run's read-time caps)."""
+        if self.read_caps is not None:
+            sparse = np.remainder(sparse, self.read_caps)
+        outside = sparse >= self.rows
+        if outside.any():
+            self.outside += int(outside.sum())
+            sparse = np.where(outside, sparse % self.rows, sparse)
+        return sparse

@@ -1,0 +1,563 @@
+"""``dlrm-vrgd score``: click probabilities of raw Criteo rows (or preprocessed days).
+
+Inputs, in the order given (a directory holding a preprocessed ``manifest.json`` is a set of
+day files; any other directory stands for its files in natural order):
+
+* raw Criteo text exactly as ``preprocess`` reads it (:mod:`dlrm_vrgd.data.criteo_format`): TSV
+  or CSV, labelled (40 fields) or not (39: Kaggle ``test.txt``), Kaggle CSV with a header and an
+  ``Id`` column, plain or gzip, LF or CRLF. The same parser (:func:`parse_block`) and the same
+  bad-row rules: the first malformed row stops the run with ``FILE:LINE: reason``, or with
+  ``skip_bad_rows`` is left out and counted;
+* preprocessed day files (``dlrm-vrgd preprocess`` output made with the same rules as the model's
+  training data; checked against its manifest).
+
+Raw text is read in blocks of ``block_bytes`` and parsed by ``workers`` threads (at most
+``workers + 1`` blocks in flight), mapped onto the model's tables
+(:mod:`dlrm_vrgd.serve.features`) and scored ``batch_rows`` rows at a time; predictions are
+appended to the output as they come, so memory does not grow with the input.
+
+Output (CSV, or Parquet when the name ends in ``.parquet``/``.pq`` or ``fmt="parquet"``): one
+row per scored input row, in input order, with columns ``file``, ``line`` (the line in the raw
+file, header included, 1-based; for day files the 1-based row of the day), ``Id`` (when any
+input has one), ``label`` (when any input has labels) and ``probability``. It is written under a
+temporary name and renamed when complete. With labels, the metrics (AUC, logloss, NE,
+calibration) are computed on the fly (:class:`StreamingMetrics`) and written next to the output
+(``OUT.metrics.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import torch
+
+from dlrm_vrgd.data.criteo_format import (
+    BlockReader,
+    CriteoFormatError,
+    Format,
+    LabelsMode,
+    Layout,
+    MalformedRowError,
+    detect_layout,
+    expand_inputs,
+)
+from dlrm_vrgd.data.criteo_output import MANIFEST as DATA_MANIFEST
+from dlrm_vrgd.data.criteo_output import MANIFEST_FORMAT as DATA_FORMAT
+from dlrm_vrgd.data.criteo_parse import ParsedBlock, ParseOptions, parse_block
+from dlrm_vrgd.serve import model as m
+from dlrm_vrgd.serve.features import FeatureError, FeatureLayout, FeatureMapper
+from dlrm_vrgd.train.rundir import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+OutputFormat = Literal["csv", "parquet"]
+_BAD_ROW_EXAMPLES = 20
+_EPS = 1e-7  # probability clamp of the logloss (as dlrm_vrgd.metrics)
+_AUC_BITS = 20  # histogram bins: the top 20 bits of the probability's float32 pattern
+
+
+# ------------------------------------------------------------------------------- metrics
+class StreamingMetrics:
+    """AUC, logloss, NE and calibration over any number of rows in constant memory.
+
+    logloss, NE and calibration are exact sums. AUC comes from per-class histograms over the
+    top :data:`_AUC_BITS` bits of each probability's float32 bit pattern (for values in
+    ``[0, 1]`` the pattern is monotone in the value; bins are ``2^-11`` of the value wide), with
+    pairs inside one bin counted as ties: exact up to ties within a bin.
+    """
+
+    def __init__(self) -> None:
+        bins = 1 << _AUC_BITS
+        self.pos = np.zeros(bins, dtype=np.int64)
+        self.neg = np.zeros(bins, dtype=np.int64)
+        self.rows = 0
+        self.clicks = 0
+        self.prob_sum = 0.0
+        self.loss_sum = 0.0
+
+    def update(self, probs: np.ndarray, labels: np.ndarray) -> None:
+        probs = np.asarray(probs, dtype=np.float32)
+        y = np.asarray(labels) > 0
+        shift = np.uint32(31 - _AUC_BITS)
+        bins = (np.clip(probs, 0.0, 1.0).view(np.uint32) >> shift).astype(np.intp)
+        self.pos += np.bincount(bins[y], minlength=len(self.pos))
+        self.neg += np.bincount(bins[~y], minlength=len(self.neg))
+        p = np.clip(probs.astype(np.float64), _EPS, 1 - _EPS)
+        self.loss_sum -= float(np.sum(np.where(y, np.log(p), np.log1p(-p))))
+        self.rows += len(probs)
+        self.clicks += int(y.sum())
+        self.prob_sum += float(probs.astype(np.float64).sum())
+
+    def auc(self) -> float:
+        n_pos, n_neg = int(self.pos.sum()), int(self.neg.sum())
+        if n_pos == 0 or n_neg == 0:
+            return 0.5
+        below = np.cumsum(self.neg) - self.neg  # negatives in lower bins
+        wins = float(np.sum(self.pos * below)) + 0.5 * float(np.sum(self.pos * self.neg))
+        return wins / (n_pos * n_neg)
+
+    def compute(self) -> dict[str, float]:
+        n = self.rows
+        rate = self.clicks / n if n else float("nan")
+        logloss = self.loss_sum / n if n else float("nan")
+        base = (
+            -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate)) if 0 < rate < 1 else float("nan")
+        )
+        return {
+            "rows": n,
+            "clicks": self.clicks,
+            "auc": self.auc(),
+            "logloss": logloss,
+            "ne": logloss / base if 0 < rate < 1 else float("nan"),
+            "calibration": self.prob_sum / self.clicks if self.clicks else float("nan"),
+        }
+
+
+# -------------------------------------------------------------------------------- output
+class _Output:
+    """Predictions appended as record batches to a temporary file, renamed when complete."""
+
+    def __init__(self, path: Path, fmt: OutputFormat, with_id: bool, with_label: bool) -> None:
+        self.path = path
+        self.tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+        fields = [pa.field("file", pa.string()), pa.field("line", pa.int64())]
+        if with_id:
+            fields.append(pa.field("Id", pa.string()))
+        if with_label:
+            fields.append(pa.field("label", pa.int8()))
+        fields.append(pa.field("probability", pa.float32()))
+        self.schema = pa.schema(fields)
+        self.with_id, self.with_label = with_id, with_label
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer: Any = (
+            pq.ParquetWriter(str(self.tmp), self.schema)
+            if fmt == "parquet"
+            else pcsv.CSVWriter(str(self.tmp), self.schema)
+        )
+
+    def write(
+        self,
+        file: str,
+        lines: np.ndarray,
+        ids: pa.Array | None,
+        labels: np.ndarray | None,
+        probs: np.ndarray,
+    ) -> None:
+        n = len(probs)
+        cols: list[pa.Array] = [
+            pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), pa.array([file])).cast(
+                pa.string()
+            ),
+            pa.array(lines, type=pa.int64()),
+        ]
+        if self.with_id:
+            cols.append(ids if ids is not None else pa.nulls(n, pa.string()))
+        if self.with_label:
+            if labels is None:
+                cols.append(pa.nulls(n, pa.int8()))
+            else:
+                cols.append(pa.array(labels.astype(np.int8), mask=labels < 0))
+        cols.append(pa.array(probs, type=pa.float32()))
+        self._writer.write_batch(pa.record_batch(cols, schema=self.schema))
+
+    def commit(self) -> None:
+        self._writer.close()
+        with self.tmp.open("rb") as f:
+            os.fsync(f.fileno())
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        try:
+            self._writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+# -------------------------------------------------------------------------------- inputs
+@dataclass
+class _Raw:
+    path: Path
+    layout: Layout
+
+
+@dataclass
+class _Days:
+    path: Path
+    manifest: dict[str, Any]
+
+
+def _is_days(path: Path) -> bool:
+    manifest = path / DATA_MANIFEST
+    if not (path.is_dir() and manifest.is_file()):
+        return False
+    try:
+        return json.loads(manifest.read_text()).get("format") == DATA_FORMAT
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
+def _first_block(path: Path, block_bytes: int) -> tuple[bytes, bool]:
+    reader = BlockReader(path, block_bytes)
+    first = next(iter(reader.blocks()), bytearray())
+    return bytes(first), reader.gzip
+
+
+def resolve_inputs(
+    paths: Sequence[str | Path], fmt: Format, labels: LabelsMode, block_bytes: int
+) -> list[_Raw | _Days]:
+    """Every input with its layout (raw) or manifest (days), in order."""
+    out: list[_Raw | _Days] = []
+    for p in map(Path, paths):
+        if _is_days(p):
+            out.append(_Days(p, json.loads((p / DATA_MANIFEST).read_text())))
+            continue
+        for f in expand_inputs([p]):
+            first, gz = _first_block(f, block_bytes)
+            if not first.strip():
+                raise CriteoFormatError(f"{f}: empty input")
+            out.append(_Raw(f, detect_layout(str(f), first, fmt, labels, gz)))
+    if not out:
+        raise FileNotFoundError("no input files")
+    return out
+
+
+def block_lines(block: bytes | bytearray, parsed: ParsedBlock) -> np.ndarray:
+    """0-based line (within ``block``) of each row of ``parsed``: the block's non-empty lines
+    less those ``parse_block`` rejected."""
+    b = np.frombuffer(block, dtype=np.uint8)
+    ends = np.flatnonzero(b == ord("\n"))
+    starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
+    length = ends - starts
+    cr = np.zeros(len(ends), dtype=bool)
+    has = length > 0
+    cr[has] = b[ends[has] - 1] == ord("\r")
+    nonempty = (length - cr) > 0
+    keep = nonempty.copy()
+    if parsed.bad_rows:
+        keep[np.asarray([r.line - 1 for r in parsed.bad_rows], dtype=np.int64)] = False
+    lines = np.flatnonzero(keep)
+    if len(lines) != len(parsed):
+        raise RuntimeError(f"{len(parsed)} rows parsed from {len(lines)} lines")
+    return lines
+
+
+def first_fields(block: bytes | bytearray, lines: np.ndarray, delimiter: str) -> pa.Array:
+    """The first field (Kaggle's ``Id``) of the given 0-based lines of ``block``."""
+    b = np.frombuffer(block, dtype=np.uint8)
+    ends = np.flatnonzero(b == ord("\n"))
+    starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)[lines]
+    stops = ends[lines].astype(np.int64)
+    delims = np.flatnonzero(b == ord(delimiter))
+    at = np.searchsorted(delims, starts)
+    cut = np.where(at < len(delims), delims[np.minimum(at, max(len(delims) - 1, 0))], stops)
+    stops = np.minimum(cut, stops) if len(delims) else stops
+    lengths = stops - starts
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+    pos = np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]))
+    data = b[pos].tobytes()
+    ids = pa.StringArray.from_buffers(len(lines), pa.py_buffer(offsets.tobytes()),
+                                      pa.py_buffer(data))  # fmt: skip
+    return pc.utf8_trim(ids, ' "\r')
+
+
+# ------------------------------------------------------------------------------ scoring
+@dataclass
+class ScoreResult:
+    out: Path
+    rows: int
+    seconds: float
+    bad_rows: int
+    metrics: dict[str, float] | None
+    metrics_path: Path | None
+    outside_ids: int
+    bad_row_examples: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("nan")
+
+
+def output_format(out: Path, fmt: OutputFormat | None) -> OutputFormat:
+    if fmt is not None:
+        return fmt
+    return "parquet" if out.suffix.lower() in (".parquet", ".pq") else "csv"
+
+
+def score(
+    model_dir: str | Path,
+    inputs: Sequence[str | Path],
+    out: str | Path,
+    *,
+    fmt: OutputFormat | None = None,
+    input_format: Format = "auto",
+    labels: LabelsMode = "auto",
+    skip_bad_rows: bool = False,
+    overwrite: bool = False,
+    batch_rows: int = 16_384,
+    workers: int | None = None,
+    block_bytes: int = 16 << 20,
+    device: str = "cpu",
+    metrics_path: str | Path | None = None,
+    progress: bool = True,
+    on_progress: Callable[[int, float, float], None] | None = None,
+) -> ScoreResult:
+    """Score ``inputs`` with the model directory ``model_dir`` into ``out`` (module docstring).
+
+    ``on_progress(rows, seconds, fraction of the input read)`` is called after every written
+    block (for services)."""
+    t0 = time.perf_counter()
+    out = Path(out).absolute()
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists: pass --overwrite or another --out")
+    if batch_rows < 1:
+        raise ValueError("--batch-rows must be >= 1")
+    model = m.load_model(model_dir, device)
+    layout = FeatureLayout.from_dict(json.loads((Path(model_dir) / m.FEATURES).read_text()))
+    vocab_path = Path(model_dir) / m.VOCAB
+    mapper = FeatureMapper(layout, np.load(vocab_path) if vocab_path.is_file() else None)
+    sources = resolve_inputs(inputs, input_format, labels, block_bytes)
+    for src in sources:
+        if isinstance(src, _Days):
+            mapper.check_days(src.manifest, str(src.path))
+        elif not layout.raw_rows:
+            why = (
+                "it was trained on synthetic data"
+                if layout.source != "criteo"
+                else "its frequency-threshold vocabulary was not saved by preprocess"
+            )
+            raise FeatureError(f"{src.path}: the model cannot map raw Criteo rows ({why})")
+    with_id = any(isinstance(s, _Raw) and s.layout.has_id for s in sources)
+    with_label = any(
+        (isinstance(s, _Raw) and s.layout.labeled)
+        or (isinstance(s, _Days) and any(d["labeled"] for d in s.manifest["days"]))
+        for s in sources
+    )
+    writer = _Output(out, output_format(out, fmt), with_id, with_label)
+    metrics = StreamingMetrics() if with_label else None
+    opts = layout.parse_options(skip_bad_rows)
+    state = _Progress(sources, progress, on_progress)
+    try:
+        for src in sources:
+            if isinstance(src, _Raw):
+                _score_raw(src, opts, mapper, model, writer, metrics, state, workers, block_bytes,
+                           batch_rows, device)  # fmt: skip
+            else:
+                _score_days(src, mapper, model, writer, metrics, state, batch_rows, device)
+        if state.rows == 0:
+            raise CriteoFormatError("the inputs hold no rows")
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        state.close()
+    result_metrics = metrics.compute() if metrics is not None and metrics.rows else None
+    mpath = None
+    if result_metrics is not None:
+        mpath = Path(metrics_path) if metrics_path else out.with_name(out.name + ".metrics.json")
+        atomic_write_json(mpath, {**result_metrics, "model": str(Path(model_dir).absolute()),
+                                  "inputs": [str(s.path) for s in sources]})  # fmt: skip
+    if mapper.outside:
+        logger.warning(
+            "%d ids were outside their tables (never seen in training, uncapped data) and were "
+            "hashed into them",
+            mapper.outside,
+        )
+    if state.bad_rows:
+        logger.warning("skipped %d malformed rows", state.bad_rows)
+    seconds = time.perf_counter() - t0
+    return ScoreResult(out, state.rows, seconds, state.bad_rows, result_metrics, mpath,
+                       mapper.outside, state.bad_examples)  # fmt: skip
+
+
+class _Progress:
+    def __init__(
+        self,
+        sources: list[_Raw | _Days],
+        show: bool,
+        callback: Callable[[int, float, float], None] | None,
+    ) -> None:
+        from tqdm import tqdm
+
+        total = 0
+        for s in sources:
+            if isinstance(s, _Raw):
+                total += s.path.stat().st_size
+            else:
+                total += sum(d["rows"] for d in s.manifest["days"]) * _DAY_ROW_BYTES
+        self.total = max(total, 1)
+        self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="score", disable=not show)
+        self.rows = 0
+        self.bad_rows = 0
+        self.bad_examples: list[dict[str, Any]] = []
+        self.t0 = time.perf_counter()
+        self.callback = callback
+
+    def advance(self, nbytes: int, rows: int) -> None:
+        self.rows += rows
+        self.bar.update(nbytes)
+        seconds = time.perf_counter() - self.t0
+        rate = self.rows / seconds if seconds > 0 else 0.0
+        self.bar.set_postfix_str(f"{self.rows:,} rows, {rate:,.0f} rows/s", refresh=False)
+        if self.callback is not None:
+            self.callback(self.rows, seconds, min(1.0, self.bar.n / self.total))
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+#: bytes of one preprocessed row (13 float32 + 26 int64 + int32), for the progress bar
+_DAY_ROW_BYTES = 13 * 4 + 26 * 8 + 4
+
+
+@torch.no_grad()
+def _predict(
+    model: m.ScoringModel, dense: np.ndarray, sparse: np.ndarray, batch_rows: int, device: str
+) -> np.ndarray:
+    out = np.empty(len(dense), dtype=np.float32)
+    for a in range(0, len(dense), batch_rows):
+        d = torch.from_numpy(np.ascontiguousarray(dense[a : a + batch_rows], dtype=np.float32))
+        s = torch.from_numpy(np.ascontiguousarray(sparse[a : a + batch_rows], dtype=np.int64))
+        out[a : a + batch_rows] = model(d.to(device), s.to(device)).float().cpu().numpy()
+    return out
+
+
+def _score_raw(
+    src: _Raw,
+    opts: ParseOptions,
+    mapper: FeatureMapper,
+    model: m.ScoringModel,
+    writer: _Output,
+    metrics: StreamingMetrics | None,
+    state: _Progress,
+    workers: int | None,
+    block_bytes: int,
+    batch_rows: int,
+    device: str,
+) -> None:
+    layout = src.layout
+    name = str(src.path)
+    workers = workers or len(os.sched_getaffinity(0))
+
+    def work(block: bytearray) -> tuple[ParsedBlock, np.ndarray, pa.Array | None]:
+        parsed = parse_block(block, layout, opts)
+        lines = block_lines(block, parsed)
+        ids = first_fields(block, lines, layout.delimiter) if layout.has_id else None
+        return parsed, lines, ids
+
+    next_line = 1
+    seen = 0
+    reader = BlockReader(src.path, block_bytes)
+    pending: deque[tuple[Future[Any], int]] = deque()
+
+    def consume() -> None:
+        nonlocal next_line
+        fut, position = pending.popleft()
+        try:
+            parsed, lines, ids = fut.result()
+        except MalformedRowError as err:  # numbered from the block: renumber in the file
+            raise MalformedRowError(err.path, err.line + next_line - 1, err.reason) from None
+        offset = next_line
+        next_line += parsed.lines
+        for b in parsed.bad_rows[: max(0, _BAD_ROW_EXAMPLES - len(state.bad_examples))]:
+            state.bad_examples.append({"path": name, "line": b.line + offset - 1,
+                                       "reason": b.reason})  # fmt: skip
+        state.bad_rows += len(parsed.bad_rows)
+        nonlocal seen
+        if len(parsed):
+            sparse = mapper.raw_ids(parsed.sparse)
+            probs = _predict(model, parsed.dense, sparse, batch_rows, device)
+            labels = parsed.labels if layout.labeled else None
+            writer.write(name, lines + offset, ids, labels, probs)
+            if metrics is not None and labels is not None:
+                metrics.update(probs, labels)
+        state.advance(position - seen, len(parsed))
+        seen = position
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="score-parse") as pool:
+        try:
+            first = True
+            for block in reader.blocks():
+                if first and layout.has_header:
+                    del block[: block.find(b"\n") + 1]
+                    next_line = 2
+                first = False
+                pending.append((pool.submit(work, block), reader.position))
+                while len(pending) > workers:
+                    consume()
+            while pending:
+                consume()
+        except BaseException:
+            for fut, _ in pending:
+                fut.cancel()
+            raise
+
+
+def _iter_days(src: _Days, mapper: FeatureMapper) -> Iterator[tuple[str, Any]]:
+    from dlrm_vrgd.data.criteo import CriteoDataError, CriteoDays
+
+    try:
+        store = CriteoDays(src.path)
+    except CriteoDataError as err:
+        raise FeatureError(str(err)) from None
+    for day in store.days:
+        yield f"{src.path}/day_{day.index}", day
+
+
+def _score_days(
+    src: _Days,
+    mapper: FeatureMapper,
+    model: m.ScoringModel,
+    writer: _Output,
+    metrics: StreamingMetrics | None,
+    state: _Progress,
+    batch_rows: int,
+    device: str,
+) -> None:
+    step = max(batch_rows, 65_536)
+    for name, day in _iter_days(src, mapper):
+        for a in range(0, day.rows, step):
+            b = min(a + step, day.rows)
+            sparse = mapper.day_ids(np.array(day.sparse[a:b], dtype=np.int64))
+            probs = _predict(model, np.array(day.dense[a:b]), sparse, batch_rows, device)
+            labels = np.asarray(day.labels[a:b, 0], dtype=np.int32) if day.labeled else None
+            writer.write(name, np.arange(a + 1, b + 1, dtype=np.int64), None, labels, probs)
+            if metrics is not None and labels is not None:
+                metrics.update(probs, labels)
+            state.advance((b - a) * _DAY_ROW_BYTES, b - a)
+
+
+def summary_lines(result: ScoreResult) -> list[str]:
+    """What a run produced, for people (the CLI prints it)."""
+    lines = [
+        f"scored {result.rows:,} rows in {result.seconds:.1f} s "
+        f"({result.rows_per_second:,.0f} rows/s) -> {result.out}"
+    ]
+    if result.bad_rows:
+        first = result.bad_row_examples[0]
+        lines.append(
+            f"  skipped {result.bad_rows:,} malformed rows; first {first['path']}:"
+            f"{first['line']}: {first['reason']}"
+        )
+    if result.metrics is not None:
+        mm = result.metrics
+        lines.append(
+            f"  {int(mm['rows']):,} labelled rows: AUC {mm['auc']:.4f}  logloss "
+            f"{mm['logloss']:.4f}  NE {mm['ne']:.4f}  calibration {mm['calibration']:.4f} "
+            f"-> {result.metrics_path}"
+        )
+    return lines

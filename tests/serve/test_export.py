@@ -1,0 +1,173 @@
+"""Export: a model directory from 1-rank and 2-rank (sharded) checkpoints of both backends gives
+the trainer's own eval probabilities; the torch.export program gives the eager ones; damaged
+checkpoints are refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dlrm_vrgd.config import TrainConfig
+from dlrm_vrgd.serve.export import ExportError, export_model
+from dlrm_vrgd.serve.model import ModelError, load_model, load_program
+from dlrm_vrgd.train.distributed import DistEnv
+from dlrm_vrgd.train.evaluate import rank_share
+from dlrm_vrgd.train.loop import Trainer
+
+from ..conftest import tiny_config
+from ..dist_utils import run_ranks
+
+EVAL_ROWS = 300
+
+
+def eval_probs(trainer: Trainer) -> tuple[torch.Tensor, list[Any]]:
+    """The trainer's eval path (rank_share + sigmoid of its model) on this rank's share of the
+    first EVAL_ROWS test rows: probabilities, and the batches."""
+    batches = rank_share(trainer.splits.test, 128, trainer.env, EVAL_ROWS)
+    trainer.model.eval()
+    with torch.no_grad():
+        probs = [torch.sigmoid(trainer.model(eb.batch)) for eb in batches]
+    return torch.cat(probs), batches
+
+
+def train_and_save(cfg: TrainConfig, run: Path, env: DistEnv | None = None) -> Trainer:
+    trainer = Trainer(cfg, env=env)
+    for _ in range(3):
+        trainer.train_step()
+    trainer.save_checkpoint(run)
+    return trainer
+
+
+def exported_probs(model_dir: Path, trainer_batches: list[Any]) -> torch.Tensor:
+    model = load_model(model_dir)
+    with torch.no_grad():
+        return torch.cat([model(eb.batch.dense, eb.batch.sparse) for eb in trainer_batches])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("model.embedding_backend=fbgemm",),
+        ("model.embedding_backend=torch",),
+        ("model.embedding_backend=fbgemm", "model.arch=dlrm_dcn"),
+        ("model.embedding_backend=torch", "model.arch=dlrm_dcn"),
+    ],
+    ids=["fbgemm", "torch", "fbgemm-dcn", "torch-dcn"],
+)
+def test_one_rank_export_gives_the_trainers_probabilities(
+    tmp_path: Path, overrides: tuple[str, ...]
+) -> None:
+    cfg = tiny_config(*overrides, "optim.sparse.name=gsnr_rowwise_adagrad")
+    trainer = train_and_save(cfg, tmp_path / "run")
+    want, batches = eval_probs(trainer)
+    result = export_model(tmp_path / "run", tmp_path / "model")
+    assert result.step == 3 and result.world_size == 1
+    got = exported_probs(tmp_path / "model", batches)
+    assert got.shape == (EVAL_ROWS,)
+    torch.testing.assert_close(got, want)
+    # the weights were trained (not the initial ones): a fresh trainer scores differently
+    fresh, _ = eval_probs(Trainer(cfg))
+    assert not torch.allclose(fresh, want)
+
+    # the torch.export program equals the eager module, at any batch size
+    program = load_program(tmp_path / "model").module()
+    dense = torch.cat([eb.batch.dense for eb in batches])
+    sparse = torch.cat([eb.batch.sparse for eb in batches])
+    torch.testing.assert_close(program(dense, sparse), got)
+    torch.testing.assert_close(program(dense[:1], sparse[:1]), got[:1])
+
+    manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
+    assert set(manifest["files"]) == {
+        "config.json", "features.json", "model.json", "weights.pt", "model.pt2",
+    }  # fmt: skip
+    assert all(len(f["sha256"]) == 64 for f in manifest["files"].values())
+
+
+def _two_rank_run(rank: int, world: int, cfg_dict: dict[str, Any], run: str) -> torch.Tensor:
+    from dlrm_vrgd.config import parse_config
+
+    cfg = parse_config(cfg_dict)
+    trainer = train_and_save(cfg, Path(run), DistEnv(rank=rank, world_size=world, local_rank=rank))
+    probs, batches = eval_probs(trainer)
+    valid = torch.cat([eb.valid for eb in batches])
+    return probs[valid]
+
+
+@pytest.mark.parametrize("sharding", ["table_wise", "column_wise"])
+def test_two_rank_sharded_export_gives_the_trainers_probabilities(
+    tmp_path: Path, sharding: str
+) -> None:
+    # torchrec splits columns in slices of at least 128 (MIN_CW_DIM): dim 256 gives two
+    dim = (
+        ("model.embedding_dim=256", "model.dense_arch=[16,256]")
+        if sharding == "column_wise"
+        else ()
+    )
+    cfg = tiny_config(
+        "run.nproc_per_node=2", f"run.sharding=[{sharding}]", "run.micro_batch=32",
+        "optim.sparse.name=gsnr_rowwise_adagrad", "optim.sparse.estimator=ema", *dim,
+    )  # fmt: skip
+    run = tmp_path / "run"
+    parts = run_ranks(_two_rank_run, 2, tmp_path / "ranks", cfg.to_dict(), str(run))
+    want = torch.cat(parts)  # rank shares in order: the first EVAL_ROWS test rows
+    assert want.shape == (EVAL_ROWS,)
+    states = [torch.load(p, weights_only=False) for p in sorted(run.glob("checkpoints/*/rank*"))]
+    labels = [n for s in states for t in s["tables"] for n in t["names"]]
+    if sharding == "column_wise":  # the tables really are split between the ranks
+        assert any("cols 128+128" in n for n in labels), labels
+    result = export_model(run, tmp_path / "model")
+    assert result.world_size == 2
+    cfg1 = tiny_config()
+    batches = rank_share(Trainer(cfg1).splits.test, 128, DistEnv(), EVAL_ROWS)
+    torch.testing.assert_close(exported_probs(tmp_path / "model", batches), want)
+
+
+def test_export_refuses_truncated_or_tampered_checkpoints(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train_and_save(tiny_config(), run)
+    (ckpt,) = run.glob("checkpoints/step_*")
+    rank0 = ckpt / "rank0.pt"
+    data = rank0.read_bytes()
+    rank0.write_bytes(data[:-100])
+    with pytest.raises(ExportError, match=r"rank0\.pt: .* bytes, manifest says .*truncated"):
+        export_model(run, tmp_path / "model")
+    tampered = bytearray(data)
+    tampered[len(data) // 2] ^= 0xFF
+    rank0.write_bytes(bytes(tampered))
+    with pytest.raises(ExportError, match=r"rank0\.pt: checksum mismatch"):
+        export_model(run, tmp_path / "model")
+    assert not (tmp_path / "model").exists()
+    assert not list(tmp_path.glob(".model*"))  # nothing half-written
+    # through the CLI: exit 2 and the message, no traceback
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlrm_vrgd.cli", "export", "--run", str(run), "--out",
+         str(tmp_path / "model")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "checksum mismatch" in proc.stderr and "Traceback" not in proc.stderr
+    with pytest.raises(ExportError, match="no checkpoint of step 7 \\(there are: 3\\)"):
+        export_model(run, tmp_path / "model", step=7)
+
+
+def test_loading_refuses_an_altered_model_directory(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train_and_save(tiny_config(), run)
+    export_model(run, tmp_path / "model", program=False)
+    load_model(tmp_path / "model")
+    weights = tmp_path / "model" / "weights.pt"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ModelError, match="weights.pt: SHA-256 differs"):
+        load_model(tmp_path / "model")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        export_model(run, tmp_path / "model")
+    export_model(run, tmp_path / "model", overwrite=True, program=False)
+    load_model(tmp_path / "model")

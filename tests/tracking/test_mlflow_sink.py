@@ -1,0 +1,132 @@
+"""MLflow export against a local SQLite tracking store: params, metrics and artifacts arrive and
+match the run directory; an unreachable server does not fail the job."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from dlrm_vrgd.study import StudyConfig, run_study
+from dlrm_vrgd.train.loop import train
+
+from ..conftest import tiny_config
+from .events import jsonl
+
+pytest.importorskip("mlflow", reason="MLflow is optional: pip install '.[mlflow]'")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+# MLflow 3.17's SQLAlchemy models trip a deprecation of SQLAlchemy 2.1: noise we cannot fix
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+
+SPLIT_PREFIX = {"val": "val", "test": "test", "train": "train_eval"}
+
+
+def store(tmp_path: Path) -> tuple[str, str]:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "artifacts")
+
+
+def flat(config: dict, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        elif isinstance(value, list):
+            out[f"{prefix}{key}"] = json.dumps(value, separators=(",", ":"))
+        else:
+            out[f"{prefix}{key}"] = str(value)
+    return out
+
+
+def test_params_metrics_and_artifacts_match_the_run_directory(tmp_path: Path) -> None:
+    uri, artifacts = store(tmp_path)
+    cfg = tiny_config(
+        "run.eval_every=2",
+        f"run.mlflow={{tracking_uri: '{uri}', experiment: ctr, artifact_location: '{artifacts}'}}",
+        optim={"dense": {"name": "vrsgd", "lr": 0.05}, "sparse": {"name": "gsnr_sgd"}},
+    )
+    out = tmp_path / "run"
+    train(cfg, out)
+    result = json.loads((out / "result.json").read_text())
+    client = MlflowClient(uri)
+    run = client.get_run(result["mlflow"]["run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    assert client.get_experiment(run.info.experiment_id).name == "ctr"
+    assert result["mlflow"]["tracking_uri"] == uri
+    # params: the flattened config (as stored in config.json)
+    config = json.loads((out / "config.json").read_text())
+    assert run.data.params == flat(config)
+    assert run.data.params["optim.dense.name"] == "vrsgd"
+    # metrics: every value of metrics.jsonl and gsnr.jsonl at its step
+    want: dict[str, list[tuple[int, float]]] = {}
+    for r in jsonl(out / "metrics.jsonl"):
+        if r["kind"] == "train":
+            want.setdefault("train/loss", []).append((r["step"], r["loss"]))
+            want.setdefault("train/lr_dense", []).append((r["step"], r["lr_dense"]))
+        elif r["kind"] == "eval":
+            for key in ("auc", "oracle_auc", "ne", "calibration"):
+                tag = f"{SPLIT_PREFIX[r['split']]}/{key}"
+                want.setdefault(tag, []).append((r["step"], r[key]))
+    for r in jsonl(out / "gsnr.jsonl"):
+        for t in r["tables"]:
+            tag = f"gsnr/table/{t['table']}/multi_group_rows"
+            want.setdefault(tag, []).append((r["step"], t["multi_group_rows"]))
+    assert [s for s, _ in want["val/auc"]] == [2, 4] and len(want["train/loss"]) == 4
+    for tag, points in want.items():
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, tag))
+        assert history == sorted(points), tag  # doubles, stored as doubles
+    # artifacts: result.json and config.json, byte for byte
+    names = {f.path for f in client.list_artifacts(run.info.run_id)}
+    assert {"result.json", "config.json"} <= names
+    local = client.download_artifacts(run.info.run_id, "result.json", str(tmp_path / "dl"))
+    assert Path(local).read_bytes() == (out / "result.json").read_bytes()
+
+
+def test_an_unreachable_server_does_not_fail_the_job(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")  # bounded for the test's sake
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+    cfg = tiny_config("run.eval_every=2", "run.mlflow.tracking_uri=http://127.0.0.1:9")
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        result = train(cfg, tmp_path)
+    assert result.steps == 4 and time.monotonic() - t0 < 120
+    stored = json.loads((tmp_path / "result.json").read_text())
+    assert stored["test"]["auc"] == result.test["auc"]
+    assert stored["mlflow"]["tracking_uri"] == "http://127.0.0.1:9"
+    assert "run_id" not in stored["mlflow"] and stored["mlflow"]["error"]
+    failures = [r for r in caplog.records if "MLflow" in r.getMessage()]
+    assert len(failures) == 1, [r.getMessage() for r in failures]  # once, not every step
+    assert (tmp_path / "tb").is_dir()  # the other tracker is unaffected
+
+
+def test_a_study_is_a_parent_run_with_its_tables_and_plots(tmp_path: Path) -> None:
+    from tests.study.test_study import TINY
+
+    uri, artifacts = store(tmp_path)
+    base = json.loads(json.dumps(TINY["base"]))
+    base["run"]["mlflow"] = {"tracking_uri": uri, "artifact_location": artifacts}
+    study = StudyConfig.model_validate(
+        {**TINY, "base": base, "lr_multipliers": [1.0], "seeds": [0]}
+    )
+    out = tmp_path / "study"
+    run_study(study, out)
+    parent = json.loads((out / "mlflow.json").read_text())["run_id"]
+    client = MlflowClient(uri)
+    names = {f.path for f in client.list_artifacts(parent)}
+    assert {"results.json", "results.csv", "results.md", "study.json"} <= names
+    assert any(n.endswith(".png") for n in names)
+    assert client.get_run(parent).data.params["steps_at_largest"] == "4"
+    for cell in study.cells():
+        result = json.loads((out / "cells" / cell.id / "result.json").read_text())
+        child = client.get_run(result["mlflow"]["run_id"])
+        assert child.data.tags["mlflow.parentRunId"] == parent
+        assert child.info.run_name == cell.id
+        assert (out / "cells" / cell.id / "tb").is_dir()
+    # a second pass reuses the finished cells and the same parent run
+    run_study(study, out)
+    assert json.loads((out / "mlflow.json").read_text())["run_id"] == parent
