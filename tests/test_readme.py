@@ -32,7 +32,7 @@ def section(title: str) -> str:
 
 def commands(text: str) -> list[str]:
     """Shell commands of the fenced shell blocks in ``text``: one per line, comments dropped,
-    lines ending in ``|`` or ``\\`` joined with the next."""
+    lines ending in ``|`` or ``\\`` or inside a quoted string joined with the next."""
     out: list[str] = []
     for block in FENCE.findall(text):
         pending = ""
@@ -44,9 +44,20 @@ def commands(text: str) -> list[str]:
             if line.endswith(("|", "\\")):
                 pending = line.rstrip("\\") + " "
                 continue
+            if not _complete(line):  # a quoted string goes on on the next line
+                pending = line + " "
+                continue
             out.append(line)
         assert not pending, f"a command runs past its block: {pending}"
     return out
+
+
+def _complete(line: str) -> bool:
+    try:
+        shlex.split(line, comments=True)
+    except ValueError:  # "No closing quotation"
+        return False
+    return True
 
 
 def localised(cmd: str, config: Path) -> str:
