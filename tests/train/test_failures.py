@@ -118,7 +118,11 @@ def test_a_garbage_metrics_line_is_named_and_resume_refuses_only_when_none_verif
     lines = before.split(b"\n")
     lines.insert(2, b"{not json")
     metrics.write_bytes(b"\n".join(lines))
-    proc = cli("train", "--config", str(config), "--out", str(out), "--resume")
+    # more steps than the run made, so that the resume really reads its records (resuming a
+    # finished run is a no-op that reads nothing)
+    proc = cli(
+        "train", "--config", str(config), "--out", str(out), "--resume", "--set", "run.steps=6",
+    )  # fmt: skip
     assert proc.returncode == 2
     assert f"error: {metrics}:3: not a JSON record" in proc.stderr
     assert "Traceback" not in proc.stderr

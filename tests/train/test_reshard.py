@@ -35,6 +35,7 @@ def resume_from_step_3(two: Path, tmp: Path, nproc: int) -> Path:
     part = tmp / f"on{nproc}"
     shutil.copytree(two, part)
     shutil.rmtree(part / "checkpoints" / "step_00000006")
+    (part / "result.json").unlink()  # as if it had stopped after step 3 (a finished run is kept)
     cfg = write_config(tmp / f"on{nproc}.yaml", nproc)
     proc = cli("train", "--config", str(cfg), "--out", str(part), "--resume", "--set", EMA[0])
     assert proc.returncode == 0, proc.stderr[-3000:]
