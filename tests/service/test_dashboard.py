@@ -426,7 +426,7 @@ def test_the_job_page_downloads_a_finished_jobs_model(signed_in: Watched, served
 
     page = signed_in.page
     page.goto(served.url(f"/ui/jobs/{served.running['id']}"))  # running or cancelled by now
-    page.wait_for_function("document.title.startsWith('long running ·')")
+    page.wait_for_function("() => document.title.startsWith('long running ·')")
     assert page.locator("#download-model").is_hidden()  # it has no model
     job_id = served.finished["id"]
     page.goto(served.url(f"/ui/jobs/{job_id}"))
