@@ -436,33 +436,43 @@ class SparseRowwiseOptimizer:
         the realised step ratio of every table to ``entries``."""
         blend = self.gsnr and self.placement == "update" and self.gamma < 1.0
         measure = self.gsnr and self.measure_steps
-        before: list[torch.Tensor | None] = [None] * len(rows)
-        states: list[torch.Tensor | None] = [None] * len(rows)
-        if blend or measure:
-            for s, r in enumerate(rows):
-                before[s] = lookup.gather_rows(s, r)
-                if measure and not blend:
-                    states[s] = lookup.gather_states(s, r)
+        if not (blend or measure):
+            with torch.enable_grad():
+                lookup.apply_rows(rows, updates, lr, self.chunk_rows)
+            return
+        # the rows whose weights are needed: every touched row when measuring, else only the
+        # damped ones (rows at ratio 1 keep the kernel's result as it is)
+        picks = [
+            None if measure else (ratio < 1.0).nonzero().squeeze(1)
+            for ratio in ratios
+        ]  # fmt: skip
+        chosen = [r if k is None else r[k] for r, k in zip(rows, picks, strict=True)]
+        before = [lookup.gather_rows(s, r) for s, r in enumerate(chosen)]
+        states = [
+            lookup.gather_states(s, r) if measure and not blend else None
+            for s, r in enumerate(rows)
+        ]  # fmt: skip
         with torch.enable_grad():
             lookup.apply_rows(rows, updates, lr, self.chunk_rows)
-        if not (blend or measure):
-            return
         layout = lookup.capture.layout
         for s, (space, r, ratio) in enumerate(zip(layout.spaces, rows, ratios, strict=True)):
-            w0 = before[s]
-            assert w0 is not None
-            w1 = lookup.gather_rows(s, r)
-            delta = w1 - w0
+            w0, idx = before[s], chosen[s]
+            w1 = lookup.gather_rows(s, idx)
+            if measure:
+                plain = torch.linalg.vector_norm(w1 - w0, dim=1)
             if blend:
-                final = torch.where((ratio < 1.0)[:, None], w0 + ratio[:, None] * delta, w1)
-                lookup.scatter_rows(s, r, final)
+                if picks[s] is None:  # every row: those at ratio 1 keep w1 exactly
+                    damped = (ratio < 1.0)[:, None]
+                    final = torch.where(damped, w0 + ratio[:, None] * (w1 - w0), w1)
+                else:  # damped rows only: w0 + r·(w1 − w0), in w1's buffer
+                    final = w1.sub_(w0).mul_(ratio[picks[s]][:, None]).add_(w0)
+                lookup.scatter_rows(s, idx, final)
             if not measure:
                 continue
             if blend:
                 actual = torch.linalg.vector_norm(final - w0, dim=1)
-                plain = torch.linalg.vector_norm(delta, dim=1)
             else:
-                actual = torch.linalg.vector_norm(delta, dim=1)
+                actual = plain
                 mean = updates[s] / ratio[:, None]  # the unscaled ḡ_row (ratio >= γ > 0)
                 plain = plain_step_norm(lookup.kernel, lr, lookup.eps, mean, states[s])
             table_ix = space.table_index(r)

@@ -102,13 +102,15 @@ def run_step(backend, opt: SparseRowwiseOptimizer, step: int) -> None:
     opt.step()
 
 
+@pytest.mark.parametrize("measure", [True, False])  # steps with / without the telemetry
 @pytest.mark.parametrize("backend_name", sorted(BACKENDS))
 @pytest.mark.parametrize("placement", ["update", "gradient"])
-def test_rowwise_adagrad_equals_reference(backend_name: str, placement: str) -> None:
+def test_rowwise_adagrad_equals_reference(backend_name: str, placement: str, measure) -> None:
     backend = BACKENDS[backend_name]()
     opt = SparseRowwiseOptimizer(
         backend.lookups, lr=LR, gsnr=True, gamma=GAMMA, placement=placement
     )
+    opt.measure_steps = measure
     w = backend.weights().detach().clone().double()
     s = torch.zeros(ROWS, dtype=torch.float64)
     touched = torch.tensor(sorted({i for ids in GROUP_IDS for i in ids}))
