@@ -347,8 +347,8 @@ class SparseRowwiseOptimizer:
         self.groups_per_collect = groups_per_collect
         self.record_rows = False
         #: Measure the realised step ratio ‖actual step‖ / ‖plain step‖ per row in the next
-        #: step (set by the trainer on the steps whose GSNR it records).
-        self.measure_steps = True
+        #: step (off by default: the trainer sets it on the steps whose GSNR it records).
+        self.measure_steps = False
         self.last_rows: list[list[RowStep]] = []
         self.k = 0
         # per lookup, per row space (tables sharing a dim): the step's sums

@@ -93,7 +93,7 @@ class GroupGSNROptimizer(Optimizer):
         self._warned_single_group = False
         #: Measure the realised step ratio in the next step (the trainer sets it on the steps
         #: whose GSNR it records; it costs one extra update).
-        self.measure_steps = True
+        self.measure_steps = False
 
     # ------------------------------------------------------------------ protocol
     @property

@@ -141,7 +141,7 @@ def test_realised_step_ratio_is_the_row_ratio_under_update(backend_name: str) ->
     damped, plain = BACKENDS[backend_name](), BACKENDS[backend_name]()
     opt = SparseRowwiseOptimizer(damped.lookups, lr=LR, gsnr=True, gamma=GAMMA)
     twin = SparseRowwiseOptimizer(plain.lookups, lr=LR)
-    opt.record_rows = True
+    opt.record_rows = opt.measure_steps = True
     for step in range(2):
         # the twin starts the step from the damped table's weights and state
         with torch.no_grad():
@@ -170,6 +170,7 @@ def test_gradient_placement_damping_cancels_on_a_first_update() -> None:
         opt = SparseRowwiseOptimizer(
             backend.lookups, lr=LR, gsnr=True, gamma=GAMMA, placement=placement
         )
+        opt.measure_steps = True
         run_step(backend, opt, 0)
         realised[placement] = opt.summary()[0]
     assert realised["gradient"]["step_ratio_mean"] == pytest.approx(1.0, abs=1e-5)

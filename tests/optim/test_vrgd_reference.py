@@ -226,6 +226,7 @@ def test_realised_step_ratio_of_vrsgd_is_its_ratio() -> None:
     its plain step, so the realised ratio's mean is the ratio's mean over moving elements."""
     model = make_model()
     opt = VRSGD(model.parameters(), lr=0.05, gamma=GAMMA)
+    opt.measure_steps = True
     ref = Reference(model, "sgd", gamma=GAMMA, lr=0.05, momentum=0.0, wd=0.0, nesterov=False)
     groups = ref.group_grads(model, 0)
     run_protocol_step(model, opt, 0)
@@ -245,6 +246,7 @@ def test_realised_step_ratio_of_vradam(placement: str) -> None:
     (realised ≈ 1 wherever |p̂ḡ| ≫ ε)."""
     model = make_model()
     opt = VRAdam(model.parameters(), lr=0.01, gamma=GAMMA, placement=placement)
+    opt.measure_steps = True
     run_protocol_step(model, opt, 0)
     summary = opt.gsnr_summary()
     for entry in summary:
@@ -263,7 +265,7 @@ def test_measurement_does_not_change_the_update() -> None:
     a, b = make_model(), make_model()
     opt_a = VRAdam(a.parameters(), lr=0.01, gamma=GAMMA, placement="update")
     opt_b = VRAdam(b.parameters(), lr=0.01, gamma=GAMMA, placement="update")
-    opt_b.measure_steps = False
+    opt_a.measure_steps = True
     for step in range(3):
         run_protocol_step(a, opt_a, step)
         run_protocol_step(b, opt_b, step)
