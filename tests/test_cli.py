@@ -159,6 +159,7 @@ def test_ctrl_c_leaves_an_interrupted_resumable_run(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.communicate()  # reap it and close its pipes
     assert proc.returncode == 130
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     status = json.loads((out / "status.json").read_text())
