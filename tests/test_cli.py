@@ -143,23 +143,27 @@ def test_ctrl_c_leaves_an_interrupted_resumable_run(tmp_path: Path) -> None:
 
     cfg = write_config(tmp_path, run={"steps": 100_000, "checkpoint_every": 2, "log_every": 1})
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dlrm_vrgd.cli", "train", "--config", str(cfg), "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 300  # two steps; slow only on a loaded machine
-        while not (out / "checkpoints" / "step_00000002").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()  # reap it and close its pipes
+    # stderr goes to a file: the live progress line fills a 64 KiB pipe nobody reads in a minute
+    err_path = tmp_path / "stderr.txt"
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dlrm_vrgd.cli", "train", "--config", str(cfg), "--out", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            # any checkpoint: only the newest are kept, so step_00000002 may already be pruned
+            deadline = time.monotonic() + 300  # two steps; slow only on a loaded machine
+            while not list((out / "checkpoints").glob("step_*")):
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    stderr = err_path.read_text()
     assert proc.returncode == 130
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     status = json.loads((out / "status.json").read_text())
