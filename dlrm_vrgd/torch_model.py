@@ -138,8 +138,8 @@ class TorchLookup:
     def gather_rows(self, space: int, rows: torch.Tensor) -> torch.Tensor:
         return self.module.weight.index_select(0, rows)
 
-    def scatter_rows(self, space: int, rows: torch.Tensor, values: torch.Tensor) -> None:
-        self.module.weight.index_copy_(0, rows, values)
+    def add_rows(self, space: int, rows: torch.Tensor, values: torch.Tensor) -> None:
+        self.module.weight.index_add_(0, rows, values)
 
     def gather_states(self, space: int, rows: torch.Tensor) -> torch.Tensor | None:
         if self.module.optimizer != "rowwise_adagrad":

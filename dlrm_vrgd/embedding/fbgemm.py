@@ -224,13 +224,13 @@ class TBELookup:
             out[sel] = w.index_select(0, local)
         return out
 
-    def scatter_rows(self, space: int, rows: torch.Tensor, values: torch.Tensor) -> None:
+    def add_rows(self, space: int, rows: torch.Tensor, values: torch.Tensor) -> None:
         buffers = self._space_buffers(space)
         if buffers is not None:
-            buffers[0].index_copy_(0, rows, values)
+            buffers[0].index_add_(0, rows, values)
             return
         for sel, local, w in self._per_table(space, rows, self.table_weights()):
-            w.index_copy_(0, local, values[sel])
+            w.index_add_(0, local, values[sel])
 
     def gather_states(self, space: int, rows: torch.Tensor) -> torch.Tensor | None:
         if self.kernel == "sgd":

@@ -14,11 +14,12 @@ rows, ``ḡ`` is the gradient of the mean loss over the whole global batch.
 With GSNR on, the row's ratio ``r_row ∈ [γ, 1]`` acts in one of two places (``placement``):
 
 * ``"update"`` (the default, DESIGN.md 4.3): the kernel gets the unscaled ``ḡ_row``, so the
-  optimizer state accumulates the plain gradient, and the row's step is then scaled:
-  ``w = w_before + r_row · (w_after − w_before)``. For row-wise Adagrad that is
-  ``s_row += mean_D(ḡ_row²)``, ``w_row −= lr · r_row · ḡ_row / (√s_row + ε)`` — every touched row
-  moves by exactly ``r_row`` times its plain step. Cost: two gathers and one scatter of the
-  touched rows (``O(U x D)``).
+  optimizer state accumulates the plain gradient, and the row's step is then scaled: the kernel
+  moved the row by its plain step ``Δ_row`` (for row-wise Adagrad ``−lr·ḡ_row/(√s_row + ε)``
+  from the row's new state ``s_row``), and ``(r_row − 1)·Δ_row`` is added to it. For row-wise
+  Adagrad that is ``s_row += mean_D(ḡ_row²)``, ``w_row −= lr · r_row · ḡ_row / (√s_row + ε)`` —
+  every touched row moves by exactly ``r_row`` times its plain step. Cost: a gather of the
+  damped rows' states (``O(U)``) and one ``index_add_`` of their weights (``O(U x D)``).
 * ``"gradient"`` (the first design, kept for comparison): the kernel gets ``r_row · ḡ_row``.
   Row-wise Adagrad's normalization then largely cancels the ratio (on a row's first update
   ``u / √mean(u²)`` does not depend on ``r``). For EXACT_SGD the two placements are the same.
@@ -101,8 +102,9 @@ class RowwiseLookup(Protocol):
         """A copy of the weights of global rows ``rows`` of row space ``space`` (U x D)."""
         ...
 
-    def scatter_rows(self, space: int, rows: torch.Tensor, values: torch.Tensor) -> None:
-        """Overwrite the weights of global rows ``rows`` of row space ``space`` (U x D)."""
+    def add_rows(self, space: int, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """Add ``values`` (U x D) to the weights of global rows ``rows`` (unique) of row space
+        ``space``."""
 
     def gather_states(self, space: int, rows: torch.Tensor) -> torch.Tensor | None:
         """A copy of the row-wise Adagrad sums of ``rows`` (U), None for SGD."""
@@ -262,13 +264,24 @@ def cowclip_rows(
     return factor
 
 
+def plain_step(
+    kernel: str, lr: float, eps: float, grad: torch.Tensor, state: torch.Tensor | None
+) -> torch.Tensor:
+    """``Δw_row`` (U x D) of the fused kernel's plain update of each row by ``grad`` (U x D),
+    given the row state *after* the update (U, the Adagrad sums including ``mean_D g²``):
+    row-wise Adagrad ``−lr·g/(√s + ε)``, SGD ``−lr·g`` (the kernels' own rules, see
+    :mod:`dlrm_vrgd.torch_model`)."""
+    if kernel == "sgd" or state is None:
+        return grad * -lr
+    return grad * (-lr / (state.sqrt() + eps))[:, None]
+
+
 def plain_step_norm(
     kernel: str, lr: float, eps: float, grad: torch.Tensor, state: torch.Tensor | None
 ) -> torch.Tensor:
     """``‖Δw_row‖`` of the fused kernel's plain update of each row by ``grad`` (U x D) from row
-    state ``state`` (U, the Adagrad sums before the step): row-wise Adagrad
-    ``lr·‖g‖/(√(s + mean_D g²) + ε)``, SGD ``lr·‖g‖`` (the kernels' own rules, see
-    :mod:`dlrm_vrgd.torch_model`)."""
+    state ``state`` (U, the Adagrad sums *before* the step): row-wise Adagrad
+    ``lr·‖g‖/(√(s + mean_D g²) + ε)``, SGD ``lr·‖g‖``."""
     norm = torch.linalg.vector_norm(grad, dim=1)
     if kernel == "sgd" or state is None:
         return lr * norm
@@ -431,23 +444,26 @@ class SparseRowwiseOptimizer:
         entries: list[dict[str, Any]],
     ) -> None:
         """Run the fused kernel on every row space's rows and, under the ``update`` placement,
-        scale each row's step by its ratio: ``w = w_before + r_row · (w_after − w_before)``
-        (rows at ratio 1 keep the kernel's result bit for bit). With ``measure_steps``, adds
-        the realised step ratio of every table to ``entries``."""
+        scale each damped row's step by its ratio: the kernel moves the row by its plain step
+        ``Δ`` (:func:`plain_step`, from the row's state after the kernel), and ``(r_row − 1)·Δ``
+        is then added, so the row ends at ``w_before + r_row·Δ`` (rows at ratio 1 keep the
+        kernel's result bit for bit). One gather of the damped rows' states and one
+        ``index_add_`` of their weights: no copy of the weights. With ``measure_steps``, adds
+        the realised step ratio of every table to ``entries``: ``‖w_after − w_before‖``, read
+        from the weights, over the plain step's norm."""
         blend = self.gsnr and self.placement == "update" and self.gamma < 1.0
         measure = self.gsnr and self.measure_steps
         if not (blend or measure):
             with torch.enable_grad():
                 lookup.apply_rows(rows, updates, lr, self.chunk_rows)
             return
-        # the rows whose weights are needed: every touched row when measuring, else only the
-        # damped ones (rows at ratio 1 keep the kernel's result as it is)
+        # the rows to correct: the damped ones (every touched row when measuring)
         picks = [
             None if measure else (ratio < 1.0).nonzero().squeeze(1)
             for ratio in ratios
         ]  # fmt: skip
         chosen = [r if k is None else r[k] for r, k in zip(rows, picks, strict=True)]
-        before = [lookup.gather_rows(s, r) for s, r in enumerate(chosen)]
+        before = [lookup.gather_rows(s, r) if measure else None for s, r in enumerate(rows)]
         states = [
             lookup.gather_states(s, r) if measure and not blend else None
             for s, r in enumerate(rows)
@@ -456,23 +472,17 @@ class SparseRowwiseOptimizer:
             lookup.apply_rows(rows, updates, lr, self.chunk_rows)
         layout = lookup.capture.layout
         for s, (space, r, ratio) in enumerate(zip(layout.spaces, rows, ratios, strict=True)):
-            w0, idx = before[s], chosen[s]
-            w1 = lookup.gather_rows(s, idx)
-            if measure:
-                plain = torch.linalg.vector_norm(w1 - w0, dim=1)
-            if blend:
-                if picks[s] is None:  # every row: those at ratio 1 keep w1 exactly
-                    damped = (ratio < 1.0)[:, None]
-                    final = torch.where(damped, w0 + ratio[:, None] * (w1 - w0), w1)
-                else:  # damped rows only: w0 + r·(w1 − w0), in w1's buffer
-                    final = w1.sub_(w0).mul_(ratio[picks[s]][:, None]).add_(w0)
-                lookup.scatter_rows(s, idx, final)
+            idx, k = chosen[s], picks[s]
+            if blend:  # the kernel moved the rows by Δ; add (r_row − 1)·Δ
+                grad, r_rows = (updates[s], ratio) if k is None else (updates[s][k], ratio[k])
+                delta = plain_step(lookup.kernel, lr, lookup.eps, grad, lookup.gather_states(s, idx))
+                if measure:
+                    plain = torch.linalg.vector_norm(delta, dim=1)
+                lookup.add_rows(s, idx, delta.mul_((r_rows - 1.0)[:, None]))
             if not measure:
                 continue
-            if blend:
-                actual = torch.linalg.vector_norm(final - w0, dim=1)
-            else:
-                actual = plain
+            actual = torch.linalg.vector_norm(lookup.gather_rows(s, r) - before[s], dim=1)
+            if not blend:
                 mean = updates[s] / ratio[:, None]  # the unscaled ḡ_row (ratio >= γ > 0)
                 plain = plain_step_norm(lookup.kernel, lr, lookup.eps, mean, states[s])
             table_ix = space.table_index(r)
