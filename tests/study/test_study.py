@@ -340,11 +340,17 @@ def test_shipped_study_configs_load(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("name", "out"),
-    [("study_cpu", "cpu"), ("study_cpu_32k", "cpu_32k"), ("study_cpu_estimator", "cpu_estimator")],
+    [
+        ("study_cpu", "cpu"),
+        ("study_cpu_32k", "cpu_32k"),
+        ("study_cpu_estimator", "cpu_estimator"),
+        ("study_cpu_cowclip", "cpu_cowclip"),
+    ],
 )
 def test_committed_studies_are_what_their_configs_say(name: str, out: str) -> None:
     """docs/study/OUT was run by configs/NAME.yaml: rerunning it there resumes, not refuses
-    (their VR cells pin `gsnr_placement: gradient`, the placement they really ran with)."""
+    (the first studies' VR cells pin `gsnr_placement: gradient`, the placement they really ran
+    with; round two ran with `update`)."""
     from dlrm_vrgd.study.run import _spec
 
     saved = Path(__file__).resolve().parents[2] / "docs" / "study" / out / "study.json"
@@ -352,7 +358,8 @@ def test_committed_studies_are_what_their_configs_say(name: str, out: str) -> No
         _shipped_study(name).model_dump(mode="json")
     )
     vr = [o for o in _shipped_study(name).optimizers if o.sparse["name"].startswith("gsnr_")]
-    assert vr and all(o.sparse["gsnr_placement"] == "gradient" for o in vr)
+    placement = "update" if name == "study_cpu_cowclip" else "gradient"
+    assert vr and all(o.sparse["gsnr_placement"] == placement for o in vr)
 
 
 # study_cpu_estimator is a follow-up around a known best LR, not a full grid
