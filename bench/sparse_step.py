@@ -6,8 +6,9 @@ FBGEMM's fused EXACT_ROWWISE_ADAGRAD on the same batch and tables, in one run.
 way: one update per backward). Ours runs k micro-batches of G/k rows (lookup, capture, per-row
 reduction), then one replayed update; with GSNR it also forms each row's ratio, and under the
 ``update`` placement (the default) scales each row's step: a gather of the damped rows'
-Adagrad states and one ``index_add_`` of ``(r − 1)·Δ`` into their weights. "telemetry" adds the realised step ratio (taken on the steps whose GSNR a run
-records, every ``run.gsnr_every``). Target: GSNR ``update`` / fused <= 1.10.
+Adagrad states and one ``index_add_`` of ``(r − 1)·Δ`` into their weights. "telemetry" adds
+the realised step ratio (taken on the steps whose GSNR a run records, every
+``run.gsnr_every``). Target: GSNR ``update`` / fused <= 1.10.
 
     python bench/sparse_step.py [--rows 8192] [--k 8] [--reps 7]
 """

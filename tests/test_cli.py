@@ -146,8 +146,9 @@ def test_ctrl_c_leaves_an_interrupted_resumable_run(tmp_path: Path) -> None:
     # stderr goes to a file: the live progress line fills a 64 KiB pipe nobody reads in a minute
     err_path = tmp_path / "stderr.txt"
     with err_path.open("w") as err:
+        argv = ["train", "--config", str(cfg), "--out", str(out)]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dlrm_vrgd.cli", "train", "--config", str(cfg), "--out", str(out)],
+            [sys.executable, "-m", "dlrm_vrgd.cli", *argv],
             stdout=subprocess.DEVNULL,
             stderr=err,
         )

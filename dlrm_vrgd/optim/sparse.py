@@ -475,7 +475,8 @@ class SparseRowwiseOptimizer:
             idx, k = chosen[s], picks[s]
             if blend:  # the kernel moved the rows by Δ; add (r_row − 1)·Δ
                 grad, r_rows = (updates[s], ratio) if k is None else (updates[s][k], ratio[k])
-                delta = plain_step(lookup.kernel, lr, lookup.eps, grad, lookup.gather_states(s, idx))
+                state = lookup.gather_states(s, idx)  # after the kernel
+                delta = plain_step(lookup.kernel, lr, lookup.eps, grad, state)
                 if measure:
                     plain = torch.linalg.vector_norm(delta, dim=1)
                 lookup.add_rows(s, idx, delta.mul_((r_rows - 1.0)[:, None]))
