@@ -282,10 +282,8 @@ def plain_step_norm(
     """``‖Δw_row‖`` of the fused kernel's plain update of each row by ``grad`` (U x D) from row
     state ``state`` (U, the Adagrad sums *before* the step): row-wise Adagrad
     ``lr·‖g‖/(√(s + mean_D g²) + ε)``, SGD ``lr·‖g‖``."""
-    norm = torch.linalg.vector_norm(grad, dim=1)
-    if kernel == "sgd" or state is None:
-        return lr * norm
-    return lr * norm / ((state + grad.square().mean(dim=1)).sqrt() + eps)
+    after = None if state is None else state + grad.square().mean(dim=1)
+    return torch.linalg.vector_norm(plain_step(kernel, lr, eps, grad, after), dim=1)
 
 
 class SparseRowwiseOptimizer:
@@ -457,12 +455,6 @@ class SparseRowwiseOptimizer:
             with torch.enable_grad():
                 lookup.apply_rows(rows, updates, lr, self.chunk_rows)
             return
-        # the rows to correct: the damped ones (every touched row when measuring)
-        picks = [
-            None if measure else (ratio < 1.0).nonzero().squeeze(1)
-            for ratio in ratios
-        ]  # fmt: skip
-        chosen = [r if k is None else r[k] for r, k in zip(rows, picks, strict=True)]
         before = [lookup.gather_rows(s, r) if measure else None for s, r in enumerate(rows)]
         states = [
             lookup.gather_states(s, r) if measure and not blend else None
@@ -472,9 +464,12 @@ class SparseRowwiseOptimizer:
             lookup.apply_rows(rows, updates, lr, self.chunk_rows)
         layout = lookup.capture.layout
         for s, (space, r, ratio) in enumerate(zip(layout.spaces, rows, ratios, strict=True)):
-            idx, k = chosen[s], picks[s]
             if blend:  # the kernel moved the rows by Δ; add (r_row − 1)·Δ
-                grad, r_rows = (updates[s], ratio) if k is None else (updates[s][k], ratio[k])
+                # to the damped rows (to every touched row when measuring: + 0 at ratio 1)
+                grad, idx, r_rows = updates[s], r, ratio
+                if not measure:
+                    k = (ratio < 1.0).nonzero().squeeze(1)
+                    grad, idx, r_rows = grad[k], r[k], ratio[k]
                 state = lookup.gather_states(s, idx)  # after the kernel
                 delta = plain_step(lookup.kernel, lr, lookup.eps, grad, state)
                 if measure:
