@@ -176,6 +176,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(args.host, args.port, args.data_dir, args.max_jobs, args.job_timeout)
 
 
+def cmd_jobs(args: argparse.Namespace) -> int:
+    """Jobs of a running service (service/jobs_cli.py), imported by name only when called:
+    the trainer package does not depend on the service."""
+    import importlib
+
+    return importlib.import_module("service.jobs_cli").main(args.jobs_args)
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     from dlrm_vrgd.resources import check_study_fits
     from dlrm_vrgd.study import load_study, run_study
@@ -374,6 +382,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--job-timeout", type=float, help="default per-job timeout in seconds")
     s.set_defaults(fn=cmd_serve)
 
+    j = sub.add_parser(
+        "jobs",
+        help="submit, list, follow, cancel jobs of a running service (dlrm-vrgd jobs -h)",
+        add_help=False,
+    )
+    j.add_argument("jobs_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    j.set_defaults(fn=cmd_jobs)
+
     g = sub.add_parser("generate", help="write synthetic splits as npy files")
     with_config(g)
     g.add_argument("--split", action="append", choices=["train", "val", "test"], required=True)
@@ -462,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["jobs"]:  # its own parser (service/jobs_cli.py): every flag is its own
+        return cmd_jobs(argparse.Namespace(jobs_args=argv[1:]))
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

@@ -1,0 +1,135 @@
+"""``dlrm-vrgd jobs``: the real CLI (a subprocess) against a real service process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from service.client import ServiceClient
+from service.launcher import LocalService
+
+from .conftest import long_job, tiny_job, wait_for
+
+
+def jobs(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``dlrm-vrgd jobs ARGS`` with only the connection settings given in ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DLRM_VRGD_")}
+    clean["XDG_CONFIG_HOME"] = "/nonexistent"  # no client config unless a test writes one
+    return subprocess.run(
+        [sys.executable, "-m", "dlrm_vrgd.cli", "jobs", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**clean, **(env or {})},
+    )
+
+
+def env_of(svc: LocalService) -> dict[str, str]:
+    return {"DLRM_VRGD_URL": svc.base_url, "DLRM_VRGD_TOKEN": svc.token}
+
+
+def test_submit_follow_list_status_and_logs(
+    tmp_path: Path,
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+) -> None:
+    svc = start_service()
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_job(eval_every=2)))
+
+    done = jobs("submit", str(config), "--set", "run.steps=3", "--follow", env=env_of(svc))
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("submitted train job ") and "(tiny)" in first
+    job_id = first.split()[3]
+    assert done.stdout.splitlines()[-1] == f"job {job_id} succeeded"
+    assert svc.token not in done.stdout + done.stderr
+
+    job = client_of(svc).job(job_id)
+    assert job["name"] == "tiny" and job["config"]["run"]["steps"] == 3  # --set reached it
+    assert job["progress"]["step"] == 3
+
+    listed = jobs("list", env=env_of(svc))
+    assert listed.returncode == 0, listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(job_id[:14]))
+    assert row.split()[1:5] == ["tiny", "train", "succeeded", "3/3"]
+    as_json = json.loads(jobs("list", "--json", "--state", "succeeded", env=env_of(svc)).stdout)
+    assert [j["id"] for j in as_json["data"]] == [job_id]
+
+    status = jobs("status", job_id, env=env_of(svc))
+    assert status.returncode == 0 and f"id:           {job_id}" in status.stdout
+    assert "state:        succeeded" in status.stdout and "step:         3/3" in status.stdout
+
+    logs = jobs("logs", job_id, env=env_of(svc))
+    assert logs.returncode == 0 and logs.stdout == client_of(svc).logs(job_id, tail=200)
+
+
+def test_cancel_and_a_failed_follow_exit_1(
+    tmp_path: Path, start_service: Callable[..., LocalService]
+) -> None:
+    svc = start_service()
+    config = tmp_path / "long.yaml"
+    config.write_text(yaml.safe_dump(long_job()))
+    sub = jobs("submit", str(config), "--name", "long one", env=env_of(svc))
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.split()[3]
+    client = ServiceClient(svc.base_url, svc.token)
+    try:
+        wait_for(lambda: client.job(job_id)["state"] == "running", timeout=120)
+        cancelled = jobs("cancel", job_id, env=env_of(svc))
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert cancelled.stdout.startswith(f"job {job_id}: ")
+        wait_for(lambda: client.job(job_id)["state"] == "cancelled", timeout=60)
+    finally:
+        client.close()
+    status = jobs("status", job_id, "--json", env=env_of(svc))
+    assert json.loads(status.stdout)["name"] == "long one"
+
+
+def test_token_from_the_client_config_file_and_clear_errors(
+    tmp_path: Path, start_service: Callable[..., LocalService]
+) -> None:
+    svc = start_service()
+    (tmp_path / "dlrm-vrgd").mkdir()
+    (tmp_path / "dlrm-vrgd" / "client.toml").write_text(
+        f'url = "{svc.base_url}"\ntoken = "{svc.token}"\n'
+    )
+    cfg_env = {"XDG_CONFIG_HOME": str(tmp_path)}
+    ok = jobs("list", env=cfg_env)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("ID ")
+
+    # a wrong token: the service's 401, one line, no traceback, the token not echoed
+    bad = jobs("list", env={"DLRM_VRGD_URL": svc.base_url, "DLRM_VRGD_TOKEN": "x" * 30})
+    assert bad.returncode == 1 and bad.stderr.startswith("error: the service answered 401")
+    assert "Traceback" not in bad.stderr and "x" * 30 not in bad.stderr
+
+    # a bad config field: the service's 422 names it
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(tiny_job()))
+    bad_field = jobs("submit", str(config), "--set", "run.steps=-1", env=env_of(svc))
+    assert bad_field.returncode == 1 and "422" in bad_field.stderr
+    assert "run.steps" in bad_field.stderr and "Traceback" not in bad_field.stderr
+
+    # a client config with an unknown key names the file and the key
+    (tmp_path / "dlrm-vrgd" / "client.toml").write_text('uri = "http://127.0.0.1:1"\n')
+    unknown = jobs("list", env=cfg_env)
+    assert unknown.returncode == 2 and "client.toml: unknown key 'uri'" in unknown.stderr
+
+    # YAML that is not a mapping names the file
+    config.write_text("- a\n- b\n")
+    not_mapping = jobs("submit", str(config), env=env_of(svc))
+    assert not_mapping.returncode == 2
+    assert f"{config}: the top level must be a mapping" in not_mapping.stderr
+
+    # nothing listens: one line naming the URL
+    gone = jobs("list", env={"DLRM_VRGD_URL": "http://127.0.0.1:9"})
+    assert gone.returncode == 1 and "cannot reach the service at http://127.0.0.1:9" in gone.stderr
