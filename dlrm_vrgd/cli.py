@@ -255,8 +255,21 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from dlrm_vrgd.serve.export import export_model
 
+    step = args.step
+    if args.best:
+        from dlrm_vrgd.train.checkpoint import BEST, CheckpointError, best_checkpoint
+
+        if step is not None:
+            print("error: --best and --step name two checkpoints: pass one", file=sys.stderr)
+            return 2
+        try:
+            step = int(best_checkpoint(Path(args.run)).name.removeprefix("step_"))
+        except CheckpointError as err:
+            print(f"error: --best: {err}", file=sys.stderr)
+            return 2
+        print(f"the best-validation checkpoint (checkpoints/{BEST}): step {step}")
     result = export_model(
-        args.run, args.out, args.step, program=not args.no_program, overwrite=args.overwrite
+        args.run, args.out, step, program=not args.no_program, overwrite=args.overwrite
     )
     files = result.manifest["files"]
     size = sum(f["bytes"] for f in files.values())
@@ -431,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="a run's checkpoint -> a model directory (plain PyTorch)")
     ex.add_argument("--run", required=True, help="run directory (its checkpoints/)")
     ex.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
+    ex.add_argument(
+        "--best", action="store_true", help="the best-validation checkpoint (checkpoints/best.json)"
+    )
     ex.add_argument("--out", required=True, help="model directory (appears when complete)")
     ex.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
     ex.add_argument("--no-program", action="store_true", help="skip the torch.export model.pt2")

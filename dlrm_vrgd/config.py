@@ -367,7 +367,19 @@ class RunConfig(_Section):
     #: the train - test gap.
     final_train_eval_rows: Count(0, MAX_ROWS) = 0
     checkpoint_every: Steps = 0
+    #: Also checkpoint when this many seconds passed since the last checkpoint (0 = off): a
+    #: long step loses at most this much work to a crash or a lost node.
+    checkpoint_every_s: Count(0, 30 * 86_400) = 0
+    #: Newest checkpoints kept; the best-validation one is kept beside them (see below).
     keep_checkpoints: Count(1, 1000) = 2
+    #: With checkpoints on (``checkpoint_every`` or ``checkpoint_every_s``) and periodic evals,
+    #: checkpoint each new best validation AUC and never prune it (``checkpoints/best.json``
+    #: names it; ``dlrm-vrgd export --best`` exports it).
+    keep_best_checkpoint: bool = True
+    #: Stop after this many periodic evaluations without a better validation AUC (None: off;
+    #: needs ``eval_every``). The schedule keeps its planned length; the final evals score the
+    #: last weights, and the best ones stay in the best checkpoint.
+    early_stop_patience: Count(1, 1_000_000) | None = None
     log_every: Count(1, MAX_STEPS) = 1
     #: Write per-tensor / per-table GSNR summaries to gsnr.jsonl every N steps.
     gsnr_every: Count(1, MAX_STEPS) = 1
@@ -411,6 +423,8 @@ class RunConfig(_Section):
                 f"global_batch / world size ({per_rank}) must be a multiple of "
                 f"micro_batch ({self.micro_batch})"
             )
+        if self.early_stop_patience is not None and not self.eval_every:
+            raise ValueError("run.early_stop_patience needs periodic evaluations: set eval_every")
         if "data_parallel" in self.sharding:
             raise ValueError(
                 "sharding: data_parallel tables would be trained by the dense optimizer, "

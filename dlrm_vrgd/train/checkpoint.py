@@ -24,6 +24,9 @@ import torch
 from dlrm_vrgd.train.rundir import CHECKPOINTS, atomic_write_bytes, atomic_write_json
 
 MANIFEST = "manifest.json"
+#: ``checkpoints/best.json``: ``{"step", "val_auc", "checkpoint"}`` of the best-validation
+#: checkpoint, which pruning keeps beside the newest ones.
+BEST = "best.json"
 
 
 class CheckpointError(RuntimeError):
@@ -53,10 +56,19 @@ def write_rank_state(run_dir: Path, step: int, rank: int, state: dict[str, Any])
     atomic_write_bytes(staging_dir(run_dir, step) / f"rank{rank}.pt", buf.getvalue())
 
 
-def publish(run_dir: Path, step: int, world_size: int, config: dict[str, Any], keep: int) -> Path:
+def publish(
+    run_dir: Path,
+    step: int,
+    world_size: int,
+    config: dict[str, Any],
+    keep: int,
+    best: dict[str, Any] | None = None,
+) -> Path:
     """Seal the staging directory of ``step`` (all ranks written) and rename it into place.
 
-    Older checkpoints beyond the newest ``keep`` are removed afterwards.
+    Older checkpoints beyond the newest ``keep`` are removed afterwards, except the one of
+    ``best`` (``{"step", "auc"}``: the best validation so far) when it was checkpointed; that
+    one is named in ``checkpoints/best.json``.
     """
     stage = staging_dir(run_dir, step)
     files = {}
@@ -73,9 +85,39 @@ def publish(run_dir: Path, step: int, world_size: int, config: dict[str, Any], k
     if final.exists():
         shutil.rmtree(final)
     os.replace(stage, final)
-    for old in list_checkpoints(run_dir)[:-keep]:
+    kept = None
+    if best is not None and (final.parent / _name(int(best["step"]))).is_dir():
+        kept = _name(int(best["step"]))
+        atomic_write_json(
+            final.parent / BEST,
+            {"step": int(best["step"]), "val_auc": best["auc"], "checkpoint": kept},
+        )
+    prunable = [p for p in list_checkpoints(run_dir) if p.name != kept]
+    for old in prunable[: max(len(prunable) - keep, 0)]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def best_checkpoint(run_dir: Path) -> Path:
+    """The best-validation checkpoint named by ``checkpoints/best.json`` (verified by the
+    caller's load); :class:`CheckpointError` when the run kept none."""
+    path = Path(run_dir) / CHECKPOINTS / BEST
+    try:
+        record = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{path}: missing (the run kept no best checkpoint: it needs run.eval_every and "
+            "run.checkpoint_every or checkpoint_every_s, with run.keep_best_checkpoint)"
+        ) from None
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: unreadable ({type(err).__name__})") from None
+    step = record.get("step") if isinstance(record, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{path}: 'step' must be a non-negative integer")
+    ckpt = path.parent / _name(step)
+    if not ckpt.is_dir() or ckpt.is_symlink():
+        raise CheckpointError(f"{path}: names step {step}, whose checkpoint is gone")
+    return ckpt
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

@@ -247,6 +247,15 @@ def all_gather_rows(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def rank0_decides(flag: bool, env: DistEnv) -> bool:
+    """Rank 0's ``flag`` on every rank (for decisions from a clock, which ranks do not share)."""
+    if not env.distributed:
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.broadcast(t, src=0)
+    return bool(t[0])
+
+
 def barrier(env: DistEnv) -> None:
     if env.distributed:
         dist.barrier()

@@ -39,6 +39,7 @@ from dlrm_vrgd.train.distributed import (
     all_mean,
     barrier,
     gather_objects,
+    rank0_decides,
     shard_model,
     sharded_lookups,
 )
@@ -112,6 +113,9 @@ class RunResult:
     #: True when ``train(resume=True)`` found the run already finished and did nothing: the
     #: figures are those of its result.json, which was left as it was.
     already_finished: bool = False
+    #: ``{"step", "best_step", "best_val_auc", "patience"}`` when ``run.early_stop_patience``
+    #: ended the run before its last step.
+    stopped_early: dict[str, Any] | None = None
 
     @property
     def rows_per_second(self) -> float:
@@ -341,6 +345,7 @@ class Trainer:
                 self.env.world_size,
                 self.cfg.to_dict(),
                 self.cfg.run.keep_checkpoints,
+                best=self.best_val if self.cfg.run.keep_best_checkpoint else None,
             )
         barrier(self.env)
 
@@ -427,7 +432,8 @@ def finished_run(out: Path, total_steps: int) -> dict[str, Any] | None:
         return None
     if not isinstance(result, dict) or not isinstance(result.get("steps"), int):
         return None
-    return result if result["steps"] >= total_steps else None
+    done = result["steps"] >= total_steps or isinstance(result.get("stopped_early"), dict)
+    return result if done else None
 
 
 def stored_result(result: dict[str, Any], out: Path) -> RunResult:
@@ -445,6 +451,7 @@ def stored_result(result: dict[str, Any], out: Path) -> RunResult:
         out_dir=out,
         train=result.get("train"),
         already_finished=True,
+        stopped_early=result.get("stopped_early"),
     )
 
 
@@ -553,6 +560,9 @@ def train(
     losses: list[float] = []
     train_s = eval_s = 0.0
     samples_before = trainer.step * run.global_batch
+    checkpointing = bool(out) and bool(run.checkpoint_every or run.checkpoint_every_s)
+    saved_step, saved_at = trainer.step, time.monotonic()
+    stopped_early: dict[str, Any] | None = None
     try:
         while trainer.step < trainer.total_steps:
             record = trainer.train_step()
@@ -567,16 +577,32 @@ def train(
             for cb in callbacks:
                 cb.on_step(record)
             last = trainer.step == trainer.total_steps
+            new_best = False
             if run.eval_every and trainer.step % run.eval_every == 0 and not last:
                 t0 = time.perf_counter()
                 ev = _eval_record(trainer, "val", run.eval_rows)
                 eval_s += time.perf_counter() - t0
+                new_best = trainer.best_val is not None and trainer.best_val["step"] == trainer.step
                 if sink:
                     sink.metrics(ev)
                 for cb in callbacks:
                     cb.on_eval(ev)
-            if out and run.checkpoint_every and trainer.step % run.checkpoint_every == 0:
+                stopped_early = _early_stop(trainer)
+            if checkpointing and _checkpoint_due(trainer, saved_at, new_best):
+                assert out is not None
                 trainer.save_checkpoint(out)
+                saved_step, saved_at = trainer.step, time.monotonic()
+            if stopped_early is not None:
+                logger.info(
+                    "early stop at step %d: no better validation AUC in %d evaluations since "
+                    "step %d",
+                    trainer.step,
+                    run.early_stop_patience,
+                    stopped_early["best_step"],
+                )
+                if sink:
+                    sink.metrics({"kind": "early_stop", **stopped_early})
+                break
 
         trainer.check_finite(trainer.step)  # no result from non-finite weights
         t0 = time.perf_counter()
@@ -591,8 +617,7 @@ def train(
                 sink.metrics(ev)
             for cb in callbacks:
                 cb.on_eval(ev)
-        saved = bool(run.checkpoint_every) and trainer.step % run.checkpoint_every == 0
-        if out and (run.checkpoint_every or export_to is not None) and not saved:
+        if out and (checkpointing or export_to is not None) and saved_step != trainer.step:
             trainer.save_checkpoint(out)
     except KeyboardInterrupt as err:
         hint = _resume_hint(out) if out is not None else "it wrote no run directory"
@@ -626,6 +651,7 @@ def train(
         eval_seconds=eval_s,
         out_dir=out,
         train=_strip(finals[2]) if len(finals) > 2 else None,
+        stopped_early=stopped_early,
     )
     if sink:
         assert out is not None
@@ -667,6 +693,7 @@ def _write_result(
             "test": result.test,
             "train": result.train,
             "best_val": result.best_val,
+            "stopped_early": result.stopped_early,
             "timings": {
                 "train_seconds": result.train_seconds,
                 "eval_seconds": result.eval_seconds,
@@ -699,6 +726,37 @@ def _write_result(
         },
     )
     return json.loads((out / rundir.RESULT).read_text())
+
+
+def _checkpoint_due(trainer: Trainer, saved_at: float, new_best: bool) -> bool:
+    """Whether this step is checkpointed: every ``checkpoint_every`` steps, when
+    ``checkpoint_every_s`` passed since the last one (rank 0's clock decides for all), and at a
+    new best validation AUC (``keep_best_checkpoint``)."""
+    run = trainer.cfg.run
+    if run.checkpoint_every and trainer.step % run.checkpoint_every == 0:
+        return True
+    if new_best and run.keep_best_checkpoint:
+        return True
+    if run.checkpoint_every_s:
+        late = time.monotonic() - saved_at >= run.checkpoint_every_s
+        return rank0_decides(late, trainer.env)
+    return False
+
+
+def _early_stop(trainer: Trainer) -> dict[str, Any] | None:
+    """The early-stop record when ``run.early_stop_patience`` periodic evaluations in a row
+    found no better validation AUC than the best (counted from the best's step, so a resumed
+    run counts the same), else None."""
+    patience, every = trainer.cfg.run.early_stop_patience, trainer.cfg.run.eval_every
+    best = trainer.best_val
+    if patience is None or best is None or trainer.step - best["step"] < patience * every:
+        return None
+    return {
+        "step": trainer.step,
+        "best_step": best["step"],
+        "best_val_auc": best["auc"],
+        "patience": patience,
+    }
 
 
 def _eval_record(trainer: Trainer, split: str, limit: int | None) -> dict[str, Any]:
