@@ -55,7 +55,21 @@ def write_rank_state(run_dir: Path, step: int, rank: int, state: dict[str, Any])
     """Write one rank's state into the staging directory of ``step``."""
     buf = io.BytesIO()
     torch.save(state, buf)
-    atomic_write_bytes(staging_dir(run_dir, step) / f"rank{rank}.pt", buf.getvalue())
+    try:
+        atomic_write_bytes(staging_dir(run_dir, step) / f"rank{rank}.pt", buf.getvalue())
+    except OSError:  # a full disk: no half-written checkpoint stays behind
+        shutil.rmtree(staging_dir(run_dir, step), ignore_errors=True)
+        raise
+
+
+def remove_stale_staging(run_dir: Path) -> list[Path]:
+    """Remove the ``.staging_step_*`` directories an interrupted or failed save left (a run
+    starting or resuming calls this before it trains); the paths removed."""
+    root = Path(run_dir) / CHECKPOINTS
+    stale = sorted(root.glob(".staging_step_*")) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 def publish(run_dir: Path, step: int, world_size: int, config: dict[str, Any], keep: int) -> Path:
@@ -70,10 +84,14 @@ def publish(run_dir: Path, step: int, world_size: int, config: dict[str, Any], k
         if not path.exists():
             raise CheckpointError(f"{path}: rank {r} did not write its state")
         files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-    atomic_write_json(
-        stage / MANIFEST,
-        {"step": step, "world_size": world_size, "files": files, "config": config},
-    )
+    try:
+        atomic_write_json(
+            stage / MANIFEST,
+            {"step": step, "world_size": world_size, "files": files, "config": config},
+        )
+    except OSError:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
     final = Path(run_dir) / CHECKPOINTS / _name(step)
     if final.exists():
         shutil.rmtree(final)
