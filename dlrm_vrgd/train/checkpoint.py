@@ -28,6 +28,7 @@ from dlrm_vrgd.train.rundir import CHECKPOINTS, atomic_write_bytes, atomic_write
 
 MANIFEST = "manifest.json"
 _MAX_WORLD = 1 << 16
+_MAX_MANIFEST_BYTES = 16 << 20
 _STATE_KEYS = {"step", "world_size", "dense", "tables", "dense_opt", "sparse_opt", "rng", "config"}
 
 
@@ -115,17 +116,29 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def read_manifest(ckpt: Path) -> dict[str, Any]:
-    """The manifest of ``ckpt``, checked for shape (:class:`CheckpointError` if it is not one)."""
+    """The manifest of ``ckpt``, checked for its exact shape, and that the directory holds only
+    the files it lists (:class:`CheckpointError` otherwise)."""
     path = Path(ckpt) / MANIFEST
     try:
-        manifest = json.loads(path.read_bytes())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise CheckpointError(f"{path}: not a regular file")
+            manifest = json.loads(f.read(_MAX_MANIFEST_BYTES + 1))
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing (incomplete checkpoint)") from None
-    except (OSError, ValueError) as err:  # unreadable, not UTF-8, not JSON
-        raise CheckpointError(f"{path}: corrupt manifest: {err}") from None
+    except OSError as err:  # unreadable, a symlink (ELOOP)
+        why = "a symlink" if err.errno == errno.ELOOP else err.strerror
+        raise CheckpointError(f"{path}: cannot open ({why})") from None
+    except ValueError as err:  # not UTF-8, not JSON (the message gives a position, no content)
+        where = f" at line {err.lineno} column {err.colno}" if hasattr(err, "lineno") else ""
+        raise CheckpointError(f"{path}: corrupt manifest: not UTF-8 JSON{where}") from None
     problem = _manifest_problem(manifest)
     if problem:
         raise CheckpointError(f"{path}: corrupt manifest: {problem}")
+    extra = set(os.listdir(ckpt)) - set(manifest["files"]) - {MANIFEST}
+    if extra:
+        raise CheckpointError(f"{ckpt}: holds {len(extra)} file(s) its manifest does not list")
     return manifest
 
 
@@ -249,6 +262,8 @@ def _state_problem(state: Any, manifest: dict[str, Any]) -> str | None:
         return f"not a rank state (a dict with {sorted(_STATE_KEYS)})"
     if state["step"] != manifest["step"] or state["world_size"] != manifest["world_size"]:
         return "its step or world size differs from the manifest's"
+    if state["config"] != manifest["config"]:  # the manifest's copy is not hashed: it must agree
+        return "its config differs from the manifest's"
     tables = state["tables"]
     if not isinstance(state["dense"], dict) or not isinstance(tables, list):
         return "dense is not a dict of tensors or tables not a list"
