@@ -136,6 +136,8 @@ def _train_rank(cfg: TrainConfig, args: argparse.Namespace) -> int:
     from dlrm_vrgd.train import distributed
     from dlrm_vrgd.train.loop import train
 
+    distributed.die_with_parent()  # a SIGKILLed launcher (torchrun) takes its ranks with it
+
     @record
     def run() -> int:
         env = distributed.init_from_env(cfg)

@@ -28,4 +28,4 @@ def run_ranks(fn: Callable[..., Any], world: int, tmp: Path, *args: Any) -> list
     tmp.mkdir(parents=True, exist_ok=True)
     store = tmp / "store"
     mp.spawn(_entry, args=(fn, world, str(store), str(tmp), args), nprocs=world, join=True)
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(world)]

@@ -21,14 +21,21 @@ A model directory (written by :mod:`dlrm_vrgd.serve.export`)::
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import hashlib
 import json
+import os
+import re
+import stat
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from dlrm_vrgd.serve.features import FeatureLayout
 from dlrm_vrgd.torch_model import LowRankCrossNet, mlp
 
 MODEL_FORMAT = "dlrm-vrgd/model"
@@ -118,52 +125,271 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+# ------------------------------------------------------------------------ validation
+#: every key of manifest.json (export writes exactly these)
+_MANIFEST_KEYS = {
+    "format": str, "version": int, "created": str, "run": str, "checkpoint": str,
+    "step": int, "world_size": int, "torch": str, "files": dict,
+}  # fmt: skip
+_REQUIRED_FILES = (ARCH, CONFIG, FEATURES, WEIGHTS)
+_OPTIONAL_FILES = (VOCAB, PROGRAM)
+_ARCH_KEYS = (
+    "arch", "table_rows", "embedding_dim", "num_dense", "dense_arch", "over_arch",
+    "dcn_num_layers", "dcn_low_rank_dim",
+)  # fmt: skip
+_MAX_SIZE = 1 << 40  # any one count of model.json (rows of all tables included)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_MAX_JSON_BYTES = 16 << 20  # model.json / features.json / config.json / manifest.json
+
+
+def _is_int(v: Any, lo: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _open_regular(path: Path) -> int:
+    """An fd of ``path``, a regular file (never a link: O_NOFOLLOW), or ModelError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ModelError(f"{path}: missing") from None
+    except OSError as err:  # ELOOP: a symlink
+        why = "a symlink" if err.errno == errno.ELOOP else err.strerror
+        raise ModelError(f"{path}: cannot open ({why}); a model holds regular files only") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ModelError(f"{path}: not a regular file")
+    return fd
+
+
+def _read_json(path: Path) -> Any:
+    fd = _open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(_MAX_JSON_BYTES + 1)
+    if len(data) > _MAX_JSON_BYTES:
+        raise ModelError(f"{path}: over {_MAX_JSON_BYTES >> 20} MiB, not a model file")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:  # JSONDecodeError: position only, no text
+        where = f" (line {err.lineno} column {err.colno})" if hasattr(err, "lineno") else ""
+        raise ModelError(f"{path}: not valid UTF-8 JSON{where}") from None
+
+
+def _manifest_problem(manifest: Any) -> str | None:
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not an object"
+    keys = set(manifest)
+    if keys != set(_MANIFEST_KEYS):
+        missing, extra = sorted(set(_MANIFEST_KEYS) - keys), sorted(keys - set(_MANIFEST_KEYS))
+        return f"keys differ from a model manifest's (missing {missing}, unexpected {extra[:5]})"
+    for key, kind in _MANIFEST_KEYS.items():
+        v = manifest[key]
+        if not isinstance(v, kind) or isinstance(v, bool):
+            return f"{key!r} is not a JSON {kind.__name__}"
+    if manifest["format"] != MODEL_FORMAT or manifest["version"] != MODEL_VERSION:
+        return f"not format {MODEL_FORMAT!r} version {MODEL_VERSION}"
+    if manifest["step"] < 0 or manifest["world_size"] < 1:
+        return "step or world_size out of range"
+    names = set(manifest["files"])
+    for name in names:
+        if name not in _REQUIRED_FILES + _OPTIONAL_FILES:
+            return "files lists a name that is not a model file"  # never echoed: any string
+    for name in _REQUIRED_FILES:
+        if name not in names:
+            return f"files does not list {name}"
+    for name, meta in manifest["files"].items():
+        if (
+            not isinstance(meta, dict)
+            or set(meta) != {"bytes", "sha256"}
+            or not _is_int(meta["bytes"])
+            or not isinstance(meta["sha256"], str)
+            or not _SHA256.match(meta["sha256"])
+        ):
+            return f"files entry {name} is not {{bytes, sha256}} (a size and a hex SHA-256)"
+    return None
+
+
 def read_manifest(model_dir: Path, verify: bool = True) -> dict[str, Any]:
-    """The manifest of a model directory; with ``verify``, every file's size and SHA-256."""
+    """The manifest of a model directory, checked for its exact shape (:class:`ModelError`
+    naming the file and the reason otherwise); with ``verify``, also that the directory holds
+    exactly the files it lists, each a regular file (no links) of the listed size and SHA-256."""
     model_dir = Path(model_dir)
     path = model_dir / MANIFEST
-    if not model_dir.is_dir():
+    if model_dir.is_symlink() or not model_dir.is_dir():
         raise ModelError(f"{model_dir}: not a directory (pass the --out of `dlrm-vrgd export`)")
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ModelError(f"{path}: missing; not a complete `dlrm-vrgd export` output") from None
-    except json.JSONDecodeError as err:
-        raise ModelError(f"{path}: not valid JSON: {err}") from None
-    if manifest.get("format") != MODEL_FORMAT or manifest.get("version") != MODEL_VERSION:
-        raise ModelError(
-            f"{path}: format {manifest.get('format')!r} version {manifest.get('version')!r}; "
-            f"expected {MODEL_FORMAT!r} version {MODEL_VERSION}"
-        )
+    if not path.exists() and not path.is_symlink():
+        raise ModelError(f"{path}: missing; not a complete `dlrm-vrgd export` output")
+    manifest = _read_json(path)
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise ModelError(f"{path}: {problem}")
     if verify:
+        present = set(os.listdir(model_dir)) - {MANIFEST}
+        listed = set(manifest["files"])
+        if present - listed:
+            raise ModelError(
+                f"{model_dir}: holds {len(present - listed)} file(s) not in {MANIFEST}"
+            )
         for name, meta in manifest["files"].items():
-            f = model_dir / name
-            if not f.is_file():
-                raise ModelError(f"{f}: missing (listed in {MANIFEST})")
-            if f.stat().st_size != meta["bytes"]:
-                raise ModelError(
-                    f"{f}: {f.stat().st_size} bytes, the manifest says {meta['bytes']} (truncated?)"
-                )
-            if sha256_file(f) != meta["sha256"]:
-                raise ModelError(f"{f}: SHA-256 differs from the manifest (altered?)")
+            _verify_file(model_dir / name, meta)
     return manifest
+
+
+def _verify_file(path: Path, meta: dict[str, Any]) -> None:
+    fd = _open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != meta["bytes"]:
+            raise ModelError(
+                f"{path}: {size} bytes, the manifest says {meta['bytes']} (truncated?)"
+            )
+        h = hashlib.sha256()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    if h.hexdigest() != meta["sha256"]:
+        raise ModelError(f"{path}: SHA-256 differs from the manifest (altered?)")
+
+
+def _arch_problem(arch: Any) -> str | None:
+    if not isinstance(arch, dict):
+        return f"a JSON {type(arch).__name__}, not an object"
+    if set(arch) != set(_ARCH_KEYS):
+        return f"keys are not exactly {list(_ARCH_KEYS)}"
+    if arch["arch"] not in ("dlrm", "dlrm_dcn"):
+        return "arch is not dlrm or dlrm_dcn"
+    for key in ("embedding_dim", "num_dense", "dcn_num_layers", "dcn_low_rank_dim"):
+        if not _is_int(arch[key], 1):
+            return f"{key} is not a positive integer"
+    for key in ("table_rows", "dense_arch", "over_arch"):
+        v = arch[key]
+        if not isinstance(v, list) or not v or not all(_is_int(x, 1) for x in v):
+            return f"{key} is not a non-empty list of positive integers"
+    sizes = [
+        v for k in _ARCH_KEYS[1:] for v in (arch[k] if isinstance(arch[k], list) else [arch[k]])
+    ]
+    if max(sizes) > _MAX_SIZE or len(sizes) > 4096:
+        return f"sizes over {_MAX_SIZE} or over 4096 of them"
+    if arch["over_arch"][-1] != 1:
+        return "over_arch does not end in 1 (one logit)"
+    if arch["arch"] == "dlrm" and arch["dense_arch"][-1] != arch["embedding_dim"]:
+        return "dense_arch does not end in embedding_dim (dlrm)"
+    return None
+
+
+def _layout(raw: Any, arch: dict[str, Any], has_vocab: bool) -> FeatureLayout:
+    fields = {f.name: f for f in dataclasses.fields(FeatureLayout)}
+    if not isinstance(raw, dict) or set(raw) != set(fields):
+        raise ModelError(f"{FEATURES}: not an object with exactly the keys {sorted(fields)}")
+    t = len(arch["table_rows"])
+
+    def int_list(v: Any, lo: int) -> bool:
+        return isinstance(v, list) and len(v) in (1, t) and all(_is_int(x, lo) for x in v)
+
+    checks = {
+        "source": raw["source"] in ("criteo", "synthetic"),
+        "num_dense": raw["num_dense"] == arch["num_dense"] and _is_int(raw["num_dense"], 1),
+        "table_rows": raw["table_rows"] == arch["table_rows"],
+        "dense_floor": isinstance(raw["dense_floor"], int)
+        and not isinstance(raw["dense_floor"], bool)
+        and abs(raw["dense_floor"]) < 1 << 31,
+        "preprocess_caps": raw["preprocess_caps"] is None or int_list(raw["preprocess_caps"], 1),
+        "frequency_threshold": _is_int(raw["frequency_threshold"]),
+        "data_cardinalities": raw["data_cardinalities"] is None
+        or (int_list(raw["data_cardinalities"], 1) and len(raw["data_cardinalities"]) == t),
+        "read_caps": raw["read_caps"] is None or int_list(raw["read_caps"], 1),
+        "vocab": raw["vocab"] is has_vocab,
+    }
+    bad = [k for k, ok in checks.items() if not ok]
+    if bad:
+        raise ModelError(f"{FEATURES}: {bad[0]} is not valid for this model (model.json)")
+    return FeatureLayout(**raw)
+
+
+def _vocab(path: Path, layout: FeatureLayout) -> np.ndarray:
+    fd = _open_regular(path)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            vocab = np.load(f, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise ModelError(f"{path}: not a plain .npy array ({type(err).__name__})") from None
+    cards = layout.data_cardinalities or []
+    if (
+        not isinstance(vocab, np.ndarray)
+        or vocab.ndim != 1
+        or vocab.dtype.kind not in "iu"
+        or not layout.frequency_threshold
+        or len(vocab) != sum(c - 1 for c in cards)
+    ):
+        raise ModelError(f"{path}: not the kept ids of features.json's tables")
+    return vocab
+
+
+def _weights(path: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    fd = _open_regular(path)
+    try:  # through the fd: the file checked is the file loaded
+        state = torch.load(f"/proc/self/fd/{fd}", map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # UnpicklingError (a global not allowed), a bad archive
+        raise ModelError(f"{path}: not a tensors-only state dict ({type(err).__name__})") from None
+    finally:
+        os.close(fd)
+    if not isinstance(state, dict) or set(state) != set(expected):
+        raise ModelError(f"{path}: its tensors are not those of model.json's architecture")
+    for name, want in expected.items():
+        got = state[name]
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+            raise ModelError(f"{path}: tensor {name} is not {tuple(want.shape)} {want.dtype}")
+        if got.is_floating_point() and not bool(torch.isfinite(got).all()):
+            raise ModelError(f"{path}: tensor {name} holds NaN or infinite values")
+    return state
+
+
+def load_scoring(
+    model_dir: str | Path, device: str | torch.device = "cpu", verify: bool = True
+) -> tuple[ScoringModel, FeatureLayout, np.ndarray | None]:
+    """The model, feature layout and vocab (or None) of a model directory, all validated.
+
+    Each file is opened once, without following links, and checked for its exact shape:
+    ``model.json``'s arguments, ``weights.pt`` holding exactly the tensors (names, shapes,
+    dtypes) that architecture has, all finite (so ``table_rows`` is bounded by what the file
+    holds), ``row_offsets`` the tables' starts, ``features.json`` matching the architecture.
+    Any problem is one :class:`ModelError` naming the file and the reason.
+    """
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir, verify)
+    arch = _read_json(model_dir / ARCH)
+    problem = _arch_problem(arch)
+    if problem:
+        raise ModelError(f"{model_dir / ARCH}: {problem}")
+    with torch.device("meta"):  # shapes only: an architecture of any size costs nothing here
+        expected = ScoringModel(**arch).state_dict()
+    state = _weights(model_dir / WEIGHTS, expected)
+    starts = torch.tensor([0, *arch["table_rows"][:-1]], dtype=torch.int64).cumsum(0)
+    if not torch.equal(state["row_offsets"], starts):
+        raise ModelError(f"{model_dir / WEIGHTS}: row_offsets are not the tables' starts")
+    has_vocab = VOCAB in manifest["files"]
+    layout = _layout(_read_json(model_dir / FEATURES), arch, has_vocab)
+    vocab = _vocab(model_dir / VOCAB, layout) if has_vocab else None
+    cfg = _read_json(model_dir / CONFIG)
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{model_dir / CONFIG}: not a JSON object")
+    model = ScoringModel(**arch, meta_tables=True)  # the loaded tables are taken, not copied
+    model.load_state_dict(state, assign=True)
+    return model.to(device).eval(), layout, vocab
 
 
 def load_model(
     model_dir: str | Path, device: str | torch.device = "cpu", verify: bool = True
 ) -> ScoringModel:
-    """The :class:`ScoringModel` of a model directory, in eval mode on ``device``."""
-    model_dir = Path(model_dir)
-    read_manifest(model_dir, verify)
-    arch = json.loads((model_dir / ARCH).read_text())
-    model = ScoringModel(**arch, meta_tables=True)  # the loaded tables are taken, not copied
-    state = torch.load(model_dir / WEIGHTS, map_location="cpu", weights_only=True, mmap=True)
-    model.load_state_dict(state, assign=True)
-    return model.to(device).eval()
+    """The :class:`ScoringModel` of a model directory, in eval mode on ``device``
+    (validated as :func:`load_scoring` says)."""
+    return load_scoring(model_dir, device, verify)[0]
 
 
 def load_program(model_dir: str | Path) -> Any:
-    """The ``torch.export`` program of a model directory (``.module()`` gives a callable)."""
+    """The ``torch.export`` program of a model directory (``.module()`` gives a callable).
+
+    ``torch.export.load`` unpickles parts of ``model.pt2``: use it on model directories you
+    made, never on one an untrusted party could write (``load_model`` is safe for those; the
+    CLI and the service never call this)."""
     model_dir = Path(model_dir)
     read_manifest(model_dir)
     return torch.export.load(str(model_dir / PROGRAM))

@@ -59,7 +59,7 @@ from dlrm_vrgd.data.criteo_output import MANIFEST as DATA_MANIFEST
 from dlrm_vrgd.data.criteo_output import MANIFEST_FORMAT as DATA_FORMAT
 from dlrm_vrgd.data.criteo_parse import ParsedBlock, ParseOptions, parse_block
 from dlrm_vrgd.serve import model as m
-from dlrm_vrgd.serve.features import FeatureError, FeatureLayout, FeatureMapper
+from dlrm_vrgd.serve.features import FeatureError, FeatureMapper
 from dlrm_vrgd.train.rundir import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -325,10 +325,8 @@ def score(
         raise FileExistsError(f"{out} exists: pass --overwrite or another --out")
     if batch_rows < 1:
         raise ValueError("--batch-rows must be >= 1")
-    model = m.load_model(model_dir, device)
-    layout = FeatureLayout.from_dict(json.loads((Path(model_dir) / m.FEATURES).read_text()))
-    vocab_path = Path(model_dir) / m.VOCAB
-    mapper = FeatureMapper(layout, np.load(vocab_path) if vocab_path.is_file() else None)
+    model, layout, vocab = m.load_scoring(model_dir, device)
+    mapper = FeatureMapper(layout, vocab)
     sources = resolve_inputs(inputs, input_format, labels, block_bytes)
     for src in sources:
         if isinstance(src, _Days):

@@ -11,11 +11,14 @@ A resume takes the newest checkpoint that verifies (:func:`newest_verified`): a 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,9 @@ MANIFEST = "manifest.json"
 #: ``checkpoints/best.json``: ``{"step", "val_auc", "checkpoint"}`` of the best-validation
 #: checkpoint, which pruning keeps beside the newest ones.
 BEST = "best.json"
+_MAX_WORLD = 1 << 16
+_MAX_MANIFEST_BYTES = 16 << 20
+_STATE_KEYS = {"step", "world_size", "dense", "tables", "dense_opt", "sparse_opt", "rng", "config"}
 
 
 class CheckpointError(RuntimeError):
@@ -53,7 +59,21 @@ def write_rank_state(run_dir: Path, step: int, rank: int, state: dict[str, Any])
     """Write one rank's state into the staging directory of ``step``."""
     buf = io.BytesIO()
     torch.save(state, buf)
-    atomic_write_bytes(staging_dir(run_dir, step) / f"rank{rank}.pt", buf.getvalue())
+    try:
+        atomic_write_bytes(staging_dir(run_dir, step) / f"rank{rank}.pt", buf.getvalue())
+    except OSError:  # a full disk: no half-written checkpoint stays behind
+        shutil.rmtree(staging_dir(run_dir, step), ignore_errors=True)
+        raise
+
+
+def remove_stale_staging(run_dir: Path) -> list[Path]:
+    """Remove the ``.staging_step_*`` directories an interrupted or failed save left (a run
+    starting or resuming calls this before it trains); the paths removed."""
+    root = Path(run_dir) / CHECKPOINTS
+    stale = sorted(root.glob(".staging_step_*")) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 def publish(
@@ -77,10 +97,14 @@ def publish(
         if not path.exists():
             raise CheckpointError(f"{path}: rank {r} did not write its state")
         files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-    atomic_write_json(
-        stage / MANIFEST,
-        {"step": step, "world_size": world_size, "files": files, "config": config},
-    )
+    try:
+        atomic_write_json(
+            stage / MANIFEST,
+            {"step": step, "world_size": world_size, "files": files, "config": config},
+        )
+    except OSError:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
     final = Path(run_dir) / CHECKPOINTS / _name(step)
     if final.exists():
         shutil.rmtree(final)
@@ -134,36 +158,59 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def read_manifest(ckpt: Path) -> dict[str, Any]:
-    """The manifest of ``ckpt``, checked for shape (:class:`CheckpointError` if it is not one)."""
+    """The manifest of ``ckpt``, checked for its exact shape, and that the directory holds only
+    the files it lists (:class:`CheckpointError` otherwise)."""
     path = Path(ckpt) / MANIFEST
     try:
-        manifest = json.loads(path.read_bytes())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise CheckpointError(f"{path}: not a regular file")
+            manifest = json.loads(f.read(_MAX_MANIFEST_BYTES + 1))
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing (incomplete checkpoint)") from None
-    except (OSError, ValueError) as err:  # unreadable, not UTF-8, not JSON
-        raise CheckpointError(f"{path}: corrupt manifest: {err}") from None
+    except OSError as err:  # unreadable, a symlink (ELOOP)
+        why = "a symlink" if err.errno == errno.ELOOP else err.strerror
+        raise CheckpointError(f"{path}: cannot open ({why})") from None
+    except ValueError as err:  # not UTF-8, not JSON (the message gives a position, no content)
+        where = f" at line {err.lineno} column {err.colno}" if hasattr(err, "lineno") else ""
+        raise CheckpointError(f"{path}: corrupt manifest: not UTF-8 JSON{where}") from None
     problem = _manifest_problem(manifest)
     if problem:
         raise CheckpointError(f"{path}: corrupt manifest: {problem}")
+    extra = set(os.listdir(ckpt)) - set(manifest["files"]) - {MANIFEST}
+    if extra:
+        raise CheckpointError(f"{ckpt}: holds {len(extra)} file(s) its manifest does not list")
     return manifest
+
+
+_MANIFEST_KEYS = {"step", "world_size", "files", "config"}
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _manifest_problem(m: Any) -> str | None:
     if not isinstance(m, dict):
         return f"a JSON {type(m).__name__}, not an object"
+    if set(m) != _MANIFEST_KEYS:
+        return f"keys are not exactly {sorted(_MANIFEST_KEYS)}"
     for key, kind in (("step", int), ("world_size", int), ("files", dict), ("config", dict)):
         if not isinstance(m.get(key), kind) or isinstance(m.get(key), bool):
             return f"{key!r} missing or not {'an integer' if kind is int else 'an object'}"
-    if m["world_size"] < 1 or m["step"] < 0:
+    if not 1 <= m["world_size"] <= _MAX_WORLD or m["step"] < 0:
         return "step or world_size out of range"
+    if set(m["files"]) != {f"rank{r}.pt" for r in range(m["world_size"])}:
+        return f"files are not exactly rank0.pt .. rank{m['world_size'] - 1}.pt"
     for name, meta in m["files"].items():
         if (
             not isinstance(meta, dict)
-            or not isinstance(meta.get("bytes"), int)
-            or not isinstance(meta.get("sha256"), str)
-            or "/" in name
+            or set(meta) != {"bytes", "sha256"}
+            or not isinstance(meta["bytes"], int)
+            or isinstance(meta["bytes"], bool)
+            or meta["bytes"] < 0
+            or not isinstance(meta["sha256"], str)
+            or not _SHA256.match(meta["sha256"])
         ):
-            return f"files entry {name!r} is not {{bytes, sha256}}"
+            return f"files entry {name} is not {{bytes, sha256}}"
     return None
 
 
@@ -171,11 +218,8 @@ def verify(ckpt: Path) -> dict[str, Any]:
     """Check every file of ``ckpt`` against its manifest; the manifest, or CheckpointError."""
     ckpt = Path(ckpt)
     manifest = read_manifest(ckpt)
-    for r in range(manifest["world_size"]):
-        if f"rank{r}.pt" not in manifest["files"]:
-            raise CheckpointError(f"{ckpt / MANIFEST}: lists no state for rank {r}")
     for name, meta in manifest["files"].items():
-        _check_file(ckpt / name, meta)
+        os.close(_check_file(ckpt / name, meta))
     return manifest
 
 
@@ -196,18 +240,42 @@ def newest_verified(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]
     return None, skipped
 
 
-def _check_file(path: Path, meta: dict[str, Any]) -> None:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing")
-    size = path.stat().st_size
-    if size != meta["bytes"]:
-        raise CheckpointError(f"{path}: {size} bytes, manifest says {meta['bytes']} (truncated?)")
-    if _sha256(path) != meta["sha256"]:
-        raise CheckpointError(f"{path}: checksum mismatch (corrupt)")
+def _check_file(path: Path, meta: dict[str, Any]) -> int:
+    """An fd (at offset 0) of ``path``, a regular file (links are not followed) of the size and
+    SHA-256 that ``meta`` lists; else CheckpointError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except OSError as err:
+        why = "a symlink" if err.errno == errno.ELOOP else err.strerror
+        raise CheckpointError(f"{path}: cannot open ({why})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"{path}: not a regular file")
+        if st.st_size != meta["bytes"]:
+            raise CheckpointError(
+                f"{path}: {st.st_size} bytes, manifest says {meta['bytes']} (truncated?)"
+            )
+        h = hashlib.sha256()
+        while block := os.read(fd, 1 << 20):
+            h.update(block)
+        if h.hexdigest() != meta["sha256"]:
+            raise CheckpointError(f"{path}: checksum mismatch (corrupt)")
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def load_rank_state(ckpt: Path, rank: int, map_location: str | torch.device = "cpu") -> dict:
-    """Verify and load one rank's state of checkpoint directory ``ckpt``."""
+    """Verify and load one rank's state of checkpoint directory ``ckpt``.
+
+    The file is opened once (no link followed), checked against the manifest and unpickled
+    with ``weights_only=True``: tensors and plain containers only, a pickle naming any other
+    object is refused (CheckpointError), and nothing in it runs."""
     ckpt = Path(ckpt)
     manifest = read_manifest(ckpt)
     name = f"rank{rank}.pt"
@@ -217,5 +285,48 @@ def load_rank_state(ckpt: Path, rank: int, map_location: str | torch.device = "c
         raise CheckpointError(
             f"{ckpt}: written by {manifest['world_size']} rank(s), has no state for rank {rank}"
         )
-    _check_file(path, meta)
-    return torch.load(path, map_location=map_location, weights_only=False)
+    with os.fdopen(_check_file(path, meta), "rb") as f:
+        try:
+            state = torch.load(f, map_location=map_location, weights_only=True)
+        except Exception as err:  # UnpicklingError, a bad zip archive, a bad storage record
+            raise CheckpointError(
+                f"{path}: not a tensors-only checkpoint ({type(err).__name__})"
+            ) from None
+    problem = _state_problem(state, manifest)
+    if problem:
+        raise CheckpointError(f"{path}: {problem}")
+    return state
+
+
+def _state_problem(state: Any, manifest: dict[str, Any]) -> str | None:
+    """What makes a loaded rank state unusable or disagree with its manifest (None if fine)."""
+    if not isinstance(state, dict) or not _STATE_KEYS <= set(state):
+        return f"not a rank state (a dict with {sorted(_STATE_KEYS)})"
+    if state["step"] != manifest["step"] or state["world_size"] != manifest["world_size"]:
+        return "its step or world size differs from the manifest's"
+    if state["config"] != manifest["config"]:  # the manifest's copy is not hashed: it must agree
+        return "its config differs from the manifest's"
+    tables = state["tables"]
+    if not isinstance(state["dense"], dict) or not isinstance(tables, list):
+        return "dense is not a dict of tensors or tables not a list"
+    if not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state["dense"].items()
+    ):
+        return "dense is not a dict of tensors"
+    for t in tables:
+        if (
+            not isinstance(t, dict)
+            or set(t) != {"names", "weights", "states"}
+            or not all(isinstance(n, str) for n in t["names"])
+            or not all(isinstance(w, torch.Tensor) and w.dim() == 2 for w in t["weights"])
+            or not all(isinstance(s, torch.Tensor) for s in t["states"])
+            or len(t["names"]) != len(t["weights"])
+        ):
+            return "a tables entry is not {names, weights, states}"
+    if not isinstance(state["dense_opt"], dict) or not isinstance(state["sparse_opt"], dict):
+        return "an optimizer state is not a dict"
+    if not isinstance(state["rng"], dict) or not isinstance(
+        state["rng"].get("torch"), torch.Tensor
+    ):
+        return "rng holds no torch generator state"
+    return None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,26 @@ class DistEnv:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when its parent exits (Linux
+    ``prctl(PR_SET_PDEATHSIG)``): a rank must not outlive torchrun (the ``dlrm-vrgd train``
+    launcher execs into it), even when that is SIGKILLed and cannot stop its children."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        logger.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        return
+    if os.getppid() != parent:  # the parent died before the prctl
+        os.kill(os.getpid(), sig)
 
 
 def under_torchrun() -> bool:

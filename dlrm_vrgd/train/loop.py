@@ -522,6 +522,8 @@ def train(
     if writing:
         assert out is not None
         out.mkdir(parents=True, exist_ok=True)
+        for path in ckpt.remove_stale_staging(out):
+            logger.warning("removed %s, a checkpoint an earlier attempt did not finish", path.name)
         for name in (rundir.METRICS, rundir.GSNR):
             rundir.truncate_jsonl_after(out / name, trainer.step)
         if trainer.step >= trainer.total_steps:  # the final evals start again: drop earlier ones

@@ -117,7 +117,7 @@ def test_two_rank_sharded_export_gives_the_trainers_probabilities(
     parts = run_ranks(_two_rank_run, 2, tmp_path / "ranks", cfg.to_dict(), str(run))
     want = torch.cat(parts)  # rank shares in order: the first EVAL_ROWS test rows
     assert want.shape == (EVAL_ROWS,)
-    states = [torch.load(p, weights_only=False) for p in sorted(run.glob("checkpoints/*/rank*"))]
+    states = [torch.load(p, weights_only=True) for p in sorted(run.glob("checkpoints/*/rank*"))]
     labels = [n for s in states for t in s["tables"] for n in t["names"]]
     if sharding == "column_wise":  # the tables really are split between the ranks
         assert any("cols 128+128" in n for n in labels), labels

@@ -100,7 +100,7 @@ def running_step(client: ServiceClient, job_id: str, step: int = 1) -> dict[str,
 def final_state(run: Path, step: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Dense parameters (rank 0) and every table, gathered from all ranks' shards."""
     ckpt = run / "checkpoints" / f"step_{step:08d}"
-    states = [torch.load(p, weights_only=False) for p in sorted(ckpt.glob("rank*.pt"))]
+    states = [torch.load(p, weights_only=True) for p in sorted(ckpt.glob("rank*.pt"))]
     tables = {
         n: w
         for s in states

@@ -60,7 +60,7 @@ def losses(run: Path) -> dict[int, float]:
 def final_state(run: Path, step: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Dense parameters (rank 0) and every table, gathered from all ranks' shards."""
     ckpt = run / "checkpoints" / f"step_{step:08d}"
-    states = [torch.load(p, weights_only=False) for p in sorted(ckpt.glob("rank*.pt"))]
+    states = [torch.load(p, weights_only=True) for p in sorted(ckpt.glob("rank*.pt"))]
     tables = {
         n: w
         for s in states
@@ -96,7 +96,7 @@ def test_two_ranks_equal_one_rank_with_twice_the_micro_batches(runs: dict[str, P
     assert_same_model(runs["one"], runs["two"], 6)
     # every table lives on exactly one rank, and both ranks own some
     owners = [
-        [n for t in torch.load(p, weights_only=False)["tables"] for n in t["names"]]
+        [n for t in torch.load(p, weights_only=True)["tables"] for n in t["names"]]
         for p in sorted((runs["two"] / "checkpoints" / "step_00000006").glob("rank*.pt"))
     ]
     assert len(owners) == 2 and all(owners) and not set(owners[0]) & set(owners[1])

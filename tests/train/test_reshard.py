@@ -44,7 +44,7 @@ def resume_from_step_3(two: Path, tmp: Path, nproc: int) -> Path:
 
 def test_two_rank_checkpoint_loads_on_one_rank_with_its_state(two: Path) -> None:
     ckpt = two / "checkpoints" / "step_00000003"
-    saved = [torch.load(ckpt / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    saved = [torch.load(ckpt / f"rank{r}.pt", weights_only=True) for r in range(2)]
     raw = saved[0]["config"]
     raw["run"]["nproc_per_node"] = 1
     trainer = Trainer(parse_config(raw))
