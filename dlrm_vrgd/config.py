@@ -30,6 +30,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from dlrm_vrgd.redact import CREDENTIAL_ENV, redact, redact_obj
+
 #: Criteo Kaggle (Display Advertising Challenge) cardinalities of C1..C26.
 CRITEO_KAGGLE_CARDINALITIES: tuple[int, ...] = (
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
@@ -74,6 +76,8 @@ def _not_bool(value: Any) -> Any:
 
 
 NoBool = BeforeValidator(_not_bool)
+#: A bool that is a JSON/YAML boolean, never ``"yes"``, ``1`` or ``"true"``.
+Flag = Annotated[bool, Field(strict=True)]
 # Numbers: no bool for an int or a float, no fraction for an int, finite floats only. Text
 # that spells a number is accepted (PyYAML reads ``1e-3``, without a dot, as a string).
 Fraction = Annotated[float, Field(allow_inf_nan=False, ge=0.0, lt=1.0), NoBool]
@@ -156,7 +160,7 @@ class CriteoData(_Section):
     max_rows_per_table: Count(1, MAX_TABLE_ROWS) | list[Count(1, MAX_TABLE_ROWS)] | None = None
     shuffle_block_rows: Count(1, MAX_MICRO_BATCH) = 65_536
     #: Check every file's SHA-256 against the manifest when opening (sizes always are).
-    verify_checksums: bool = False
+    verify_checksums: Flag = False
 
     @field_validator("path")
     @classmethod
@@ -243,7 +247,7 @@ class DenseOptimConfig(_Section):
     lr: Real(gt=0.0, le=1e6) = 1e-3
     momentum: Fraction = 0.0
     dampening: Fraction = 0.0
-    nesterov: bool = False
+    nesterov: Flag = False
     weight_decay: Real(ge=0.0, le=1e6) = 0.0
     betas: tuple[Fraction, Fraction] = (0.9, 0.999)
     eps: Real(gt=0.0, le=1.0) = 1e-8
@@ -337,12 +341,32 @@ TableSharding = Literal[
 ]
 
 
+def check_uri(uri: str) -> str:
+    """A tracking URI or artifact location without credentials, query string or fragment;
+    the message says where credentials go instead (never echoing the URI)."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in uri):
+        raise ValueError("contains a control character")
+    env = " / ".join(CREDENTIAL_ENV)
+    if redact(uri) != uri:
+        raise ValueError(
+            "carries credentials (user:password@ or a secret query parameter); a URI is "
+            f"stored and shown with the run, so set them in the environment instead: {env}"
+        )
+    if "?" in uri or "#" in uri:
+        raise ValueError(
+            f"has a query string or fragment; MLflow URIs take none (credentials: {env})"
+        )
+    return uri
+
+
 class MlflowConfig(_Section):
     """Export a run to an MLflow tracking server (``pip install .[mlflow]``); see
     :mod:`dlrm_vrgd.tracking.mlflow_sink`. The run directory stays the record: a server that
     cannot be reached is logged once and training goes on."""
 
-    #: ``http(s)://HOST:PORT``, ``sqlite:///PATH`` or ``file:PATH`` (MLflow's own URI forms).
+    #: ``http(s)://HOST:PORT``, ``sqlite:///PATH`` or ``file:PATH`` (MLflow's own URI forms),
+    #: without credentials: MLflow reads them from ``MLFLOW_TRACKING_USERNAME`` /
+    #: ``MLFLOW_TRACKING_PASSWORD`` or ``MLFLOW_TRACKING_TOKEN`` in the environment.
     tracking_uri: Annotated[str, Field(min_length=1, max_length=2000)]
     experiment: Annotated[str, Field(min_length=1, max_length=500)] = "dlrm-vrgd"
     #: Where a newly created experiment keeps artifacts (None: the tracking server decides).
@@ -351,6 +375,11 @@ class MlflowConfig(_Section):
     run_name: Annotated[str, Field(min_length=1, max_length=250)] | None = None
     #: Nest the run under this MLflow run (a study sets it for its cells).
     parent_run_id: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+
+    @field_validator("tracking_uri", "artifact_location")
+    @classmethod
+    def _check_uris(cls, uri: str | None) -> str | None:
+        return uri if uri is None else check_uri(uri)
 
 
 class RunConfig(_Section):
@@ -403,7 +432,7 @@ class RunConfig(_Section):
     #: died fails the job after this many seconds instead of hanging it.
     collective_timeout_s: Count(10, 86_400) = 180
     #: Write TensorBoard event files to ``tb/`` in the run directory (rank 0, off the step).
-    tensorboard: bool = True
+    tensorboard: Flag = True
     #: Also export params, metrics and artifacts to MLflow (None: off).
     mlflow: MlflowConfig | None = None
 
@@ -479,7 +508,12 @@ class TrainConfig(_Section):
         return steps
 
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        """The config as JSON; the URIs of ``run.mlflow`` pass :func:`redact` (a no-op for a
+        validated config: defence in depth for every file and answer that stores it)."""
+        out = self.model_dump(mode="json")
+        if out["run"].get("mlflow") is not None:
+            out["run"]["mlflow"] = redact_obj(out["run"]["mlflow"])
+        return out
 
 
 # ------------------------------------------------------------------------------- loading

@@ -1,6 +1,6 @@
 """Typed domain errors of the job layer; one exception handler (``service.main``) maps them to
-HTTP answers: not found -> 404, illegal transition -> 409, invalid input -> 422, the service's
-storage full or not writable -> 507."""
+HTTP answers: not found -> 404, illegal transition or a damaged artifact -> 409, invalid input
+-> 422, the service's storage full or not writable -> 507."""
 
 from __future__ import annotations
 
@@ -38,6 +38,13 @@ class ResultNotFound(NotFound):
 
 class IllegalTransition(ServiceError):
     """The job's state does not allow the request (cancel a finished job, delete a running one)."""
+
+    status_code = 409
+
+
+class ArtifactDamaged(ServiceError):
+    """A file the job left is not what it claims (a model that fails its manifest, a link
+    where a file should be): 409, and nothing of it is served."""
 
     status_code = 409
 

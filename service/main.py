@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import codecs
 import fcntl
 import logging
 import os
@@ -22,6 +24,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dlrm_vrgd.redact import redact
 from service import __version__
 from service.api.deps import require_token
 from service.api.responses import UNAUTHORIZED
@@ -34,6 +37,7 @@ from service.jobs.service import JobService
 from service.jobs.store import Store
 from service.security import StartupRefused, check_bind, resolve_token
 from service.settings import Settings
+from service.shown import shown
 
 logger = logging.getLogger(__name__)
 
@@ -89,26 +93,28 @@ def preflight(settings: Settings) -> None:
 
 
 # ------------------------------------------------------------------------- body limit
-class BodySizeLimit:
-    """Refuse request bodies over ``max_bytes`` with 422 naming ``body`` (by Content-Length
-    up front, or while streaming a body without one). Nothing reaches the routes."""
+class BodyLimits:
+    """What every request body must be before a route sees it, else an answer naming
+    ``body``: at most ``max_bytes`` (by Content-Length up front, or while streaming a body
+    without one; 422), UTF-8 without a NUL byte (a JSON text is: this refuses UTF-16 and
+    UTF-32, which Python's ``json`` would otherwise guess; 422), and whole within
+    ``timeout_s`` of the first read (408, and the connection is closed: a client that sends
+    less than its Content-Length cannot hold it; uvicorn bounds only the idle time between
+    requests)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
-    def _error(self) -> HTTPException:
-        return HTTPException(
-            status_code=422,
-            detail=[
-                {
-                    "loc": ["body"],
-                    "field": "body",
-                    "msg": f"request body larger than {self.max_bytes} bytes",
-                    "type": "body_too_large",
-                }
-            ],
-        )
+    @staticmethod
+    def _issue(message: str, kind: str, status: int = 422) -> HTTPException:
+        issue = {"loc": ["body"], "field": "body", "msg": message, "type": kind}
+        headers = {"Connection": "close"} if status == 408 else None
+        return HTTPException(status_code=status, detail=[issue], headers=headers)
+
+    def _too_large(self) -> HTTPException:
+        return self._issue(f"request body larger than {self.max_bytes} bytes", "body_too_large")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -117,19 +123,52 @@ class BodySizeLimit:
         for key, value in scope.get("headers", []):
             if key == b"content-length":
                 if not value.strip().isdigit() or int(value) > self.max_bytes:
-                    err = self._error()
+                    err = self._too_large()
                     await JSONResponse({"detail": err.detail}, 422)(scope, receive, send)
                     return
         received = 0
         started = False
+        body_done = False
+        deadline: float | None = None
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        loop = asyncio.get_running_loop()
 
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise self._error()
+        async def checked_receive() -> Message:
+            nonlocal received, body_done, deadline
+            if body_done:  # after the body: the disconnect a streaming answer waits for
+                return await receive()
+            if deadline is None:
+                deadline = loop.time() + self.timeout_s
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise self._issue(
+                    f"request body not received whole within {self.timeout_s:g} s "
+                    "(shorter than its Content-Length?)",
+                    "body_timeout",
+                    408,
+                ) from None
+            if message["type"] != "http.request":
+                return message
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_bytes:
+                raise self._too_large()
+            more = message.get("more_body", False)
+            try:
+                decoder.decode(chunk, final=not more)
+            except UnicodeDecodeError as err:
+                raise self._issue(
+                    f"request body is not UTF-8 JSON (byte {received - len(chunk) + err.start})",
+                    "json_invalid",
+                ) from None
+            if b"\x00" in chunk:
+                raise self._issue(
+                    "request body holds a NUL byte (not UTF-8 JSON: UTF-16 or UTF-32?)",
+                    "json_invalid",
+                )
+            body_done = not more
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -139,11 +178,33 @@ class BodySizeLimit:
             await send(message)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, checked_receive, tracking_send)
         except HTTPException as err:
-            if started or err.status_code != 422:
+            if started or err.status_code not in (408, 422):
                 raise
-            await JSONResponse({"detail": err.detail}, 422)(scope, receive, send)
+            await JSONResponse({"detail": err.detail}, err.status_code, err.headers)(
+                scope, receive, send
+            )
+
+
+class RedactFilter(logging.Filter):
+    """Masks secrets (``?token=...``, ``user:password@``) in a log record's message and
+    arguments: uvicorn's access log writes each request's query string."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+def redact_server_logs() -> None:
+    """Install :class:`RedactFilter` on uvicorn's loggers (after uvicorn configured them)."""
+    for name in ("uvicorn.access", "uvicorn.error"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, RedactFilter) for f in log.filters):
+            log.addFilter(RedactFilter())
 
 
 # ---------------------------------------------------------------------------- errors
@@ -176,7 +237,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
             {
                 "loc": loc,
                 "field": "body" if etype == "json_invalid" else _field(loc),
-                "msg": str(err.get("msg", "invalid")),
+                "msg": shown(str(err.get("msg", "invalid")), request.app.state.settings),
                 "type": etype,
             }
         )
@@ -185,13 +246,15 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
+    settings: Settings = request.app.state.settings
     if isinstance(exc, InvalidInput):
-        issues = [{"loc": list(exc.loc), "field": exc.field, "msg": exc.detail, "type": "invalid"}]
+        msg = shown(exc.detail, settings)
+        issues = [{"loc": list(exc.loc), "field": exc.field, "msg": msg, "type": "invalid"}]
         for field in exc.also:
             loc = [*exc.loc[: len(exc.loc) - len(exc.field.split("."))], *field.split(".")]
-            issues.append({"loc": loc, "field": field, "msg": exc.detail, "type": "invalid"})
+            issues.append({"loc": loc, "field": field, "msg": msg, "type": "invalid"})
         return JSONResponse({"detail": issues}, status_code=422)
-    return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+    return JSONResponse({"detail": shown(exc.message, settings)}, status_code=exc.status_code)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -214,7 +277,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _os_error(request: Request, exc: Exception) -> JSONResponse:
     """A filesystem error no route expected: a clear answer, not a 500."""
     assert isinstance(exc, OSError)
-    logger.error("%s %s: %s", request.method, request.url.path, exc)
+    logger.error("%s %s: %s", request.method, request.url.path, redact(str(exc)))
     err = StorageError.from_os_error("the request's data", exc)
     return JSONResponse({"detail": err.message}, status_code=err.status_code)
 
@@ -233,6 +296,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         runner: Runner | None = None
         try:
             settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+            settings.mlflow_root.mkdir(parents=True, exist_ok=True)
             app.state.token = resolve_token(settings)
             store = Store(settings.db_path)
             notifier = Notifier()
@@ -262,7 +326,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.should_exit = lambda: False
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(HTTPException, _http_error)
@@ -297,6 +363,7 @@ def serve(settings: Settings) -> None:
         timeout_graceful_shutdown=3,
         lifespan="on",
     )
+    redact_server_logs()
     server = uvicorn.Server(config)
     app.state.should_exit = lambda: server.should_exit
     server.run()

@@ -7,12 +7,24 @@ by the very model the CLI uses, so a bad field answers 422 naming it). Responses
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StringConstraints,
+    Tag,
+)
 
-from dlrm_vrgd.config import TrainConfig
+from dlrm_vrgd.config import MAX_NAME_BYTES, MAX_PATH_CHARS, TrainConfig
+from dlrm_vrgd.redact import redact, redact_obj
 from dlrm_vrgd.study.config import StudyConfig
 from service.jobs.states import JobKind, JobState
 from service.jobs.store import Job
@@ -25,6 +37,26 @@ JobName = Annotated[
     StringConstraints(
         strip_whitespace=True, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$"
     ),
+    Field(strict=True),
+]
+#: A job's wall-clock limit: a finite number of seconds (not a bool, not a string).
+Timeout = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, strict=True, allow_inf_nan=False)]
+
+
+def _check_input_name(name: str) -> str:
+    for part in name.split("/"):
+        if len(os.fsencode(part)) > MAX_NAME_BYTES:
+            raise ValueError(f"a component is longer than {MAX_NAME_BYTES} bytes")
+    return name
+
+
+#: A path relative to the data root: no control character (NUL included), no component the
+#: file system could not name.
+InputName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_PATH_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$"),
+    Field(strict=True),
+    AfterValidator(_check_input_name),
 ]
 
 
@@ -38,7 +70,7 @@ class TrainJobCreate(BaseModel):
     kind: Literal["train"] = "train"
     config: TrainConfig
     #: Wall-clock limit in seconds (the service default when omitted).
-    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = None
+    timeout_s: Timeout | None = None
 
 
 class StudyJobCreate(BaseModel):
@@ -50,7 +82,7 @@ class StudyJobCreate(BaseModel):
     name: JobName
     kind: Literal["study"]
     config: StudyConfig
-    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = None
+    timeout_s: Timeout | None = None
 
 
 class ScoreConfig(BaseModel):
@@ -61,15 +93,13 @@ class ScoreConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     #: Id of a succeeded train job.
-    model_job: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{1,64}$")]
+    model_job: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{1,64}$"), Field(strict=True)]
     #: Paths relative to the data root: raw Criteo files (TSV/CSV, gzip), directories of them,
     #: or preprocessed directories.
-    inputs: list[Annotated[str, StringConstraints(min_length=1, max_length=1024)]] = Field(
-        min_length=1, max_length=1000
-    )
+    inputs: list[InputName] = Field(min_length=1, max_length=1000)
     output_format: Literal["csv", "parquet"] = "csv"
     labels: Literal["auto", "yes", "no"] = "auto"
-    skip_bad_rows: bool = False
+    skip_bad_rows: StrictBool = False
 
 
 class ScoreJobCreate(BaseModel):
@@ -80,7 +110,7 @@ class ScoreJobCreate(BaseModel):
     name: JobName
     kind: Literal["score"]
     config: ScoreConfig
-    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = None
+    timeout_s: Timeout | None = None
 
 
 def _job_kind(value: Any) -> str:
@@ -156,7 +186,9 @@ class JobPublic(BaseModel):
     config: dict[str, Any]
 
     @classmethod
-    def from_job(cls, job: Job) -> JobPublic:
+    def from_job(cls, job: Job, show: Callable[[str], str] = redact) -> JobPublic:
+        """The job as the API shows it: ``show`` (secrets masked, paths relative) on its
+        error, secrets masked in its config and progress."""
         return cls(
             id=job.id,
             name=job.name,
@@ -168,12 +200,12 @@ class JobPublic(BaseModel):
             timeout_s=job.timeout_s,
             pid=job.pid,
             exit_code=job.exit_code,
-            error=job.error,
+            error=None if job.error is None else show(job.error),
             backend=job.backend or ("local" if job.pid is not None else None),
             slurm_job_id=job.slurm_job_id,
-            progress=JobProgress.model_validate(job.progress),
+            progress=JobProgress.model_validate(redact_obj(job.progress)),
             has_result=job.result is not None,
-            config=job.config,
+            config=redact_obj(job.config),
         )
 
 

@@ -75,6 +75,12 @@ class Settings(BaseSettings):
     sse_keepalive_s: Annotated[float, Field(gt=0)] = 15.0
     #: Largest request body accepted (bytes); larger ones answer 422 naming ``body``.
     max_body_bytes: Annotated[int, Field(gt=0)] = 1 << 20
+    #: Seconds a request body may take to arrive whole (a client that sends less than its
+    #: Content-Length gets 408 and the connection is closed, instead of holding it).
+    body_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    #: Where a job's ``run.mlflow`` may keep a local store (``sqlite:////DIR/...``,
+    #: ``file:///DIR/...``); default ``DATA_DIR/mlflow``. http(s) servers are always allowed.
+    mlflow_dir: Path | None = None
     #: Cancel running jobs when the service stops; by default they keep running and are
     #: re-attached at the next start.
     cancel_on_shutdown: bool = False
@@ -149,6 +155,10 @@ class Settings(BaseSettings):
     @property
     def jobs_dir(self) -> Path:
         return self.jobs_root or self.data_dir / "jobs"
+
+    @property
+    def mlflow_root(self) -> Path:
+        return self.mlflow_dir or self.data_dir / "mlflow"
 
     @property
     def token_path(self) -> Path:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrm_vrgd.config import MlflowConfig
+from dlrm_vrgd.redact import redact
 from dlrm_vrgd.tracking import scalars as sc
 from dlrm_vrgd.tracking.sink import Sink, Worker
 
@@ -82,7 +83,7 @@ class MlflowSink(Sink):
         self._last_send = time.monotonic()
         self._opened = threading.Event()
         self._finished = False
-        self._worker = Worker(f"MLflow export to {cfg.tracking_uri}")
+        self._worker = Worker(f"MLflow export to {redact(cfg.tracking_uri)}")
         self._worker.submit(self._open)
 
     # ------------------------------------------------------------------ the loop's side
@@ -94,12 +95,12 @@ class MlflowSink(Sink):
 
     def result_fields(self) -> dict[str, Any]:
         self._opened.wait(END_WAIT_S)
-        out: dict[str, Any] = {"tracking_uri": self.cfg.tracking_uri}
+        out: dict[str, Any] = {"tracking_uri": redact(self.cfg.tracking_uri)}
         if self.run_id is not None:
             out.update(experiment_id=self.experiment_id, run_id=self.run_id)
         else:
             failed = self._worker.failed
-            out["error"] = f"{type(failed).__name__}: {failed}" if failed else "not started"
+            out["error"] = redact(f"{type(failed).__name__}: {failed}") if failed else "not started"
         return {"mlflow": out}
 
     def finish(self, result: dict[str, Any]) -> None:
@@ -125,7 +126,7 @@ class MlflowSink(Sink):
             )
             log_params(client, run.info.run_id, dict(sc.flatten(self.config)))
             self._client, self.run_id = client, run.info.run_id
-            logger.info("MLflow run %s at %s", self.run_id, self.cfg.tracking_uri)
+            logger.info("MLflow run %s at %s", self.run_id, redact(self.cfg.tracking_uri))
         finally:
             self._opened.set()
 
@@ -174,7 +175,7 @@ def study_parent_run(cfg: MlflowConfig, study_dir: Path, study: dict[str, Any]) 
     saved = study_dir / STUDY_RUN
     if saved.exists():
         stored = json.loads(saved.read_text())
-        if stored.get("tracking_uri") == cfg.tracking_uri and stored.get("run_id"):
+        if stored.get("tracking_uri") == redact(cfg.tracking_uri) and stored.get("run_id"):
             return str(stored["run_id"])
     try:
         client = _client(cfg)
@@ -187,12 +188,12 @@ def study_parent_run(cfg: MlflowConfig, study_dir: Path, study: dict[str, Any]) 
     except Exception as err:
         logger.warning(
             "MLflow at %s: cannot start the study's run (%s: %s); the study goes on without it",
-            cfg.tracking_uri,
+            redact(cfg.tracking_uri),
             type(err).__name__,
-            err,
+            redact(str(err)),
         )
         return None
-    atomic_write_json(saved, {"tracking_uri": cfg.tracking_uri, "run_id": run.info.run_id})
+    atomic_write_json(saved, {"tracking_uri": redact(cfg.tracking_uri), "run_id": run.info.run_id})
     return str(run.info.run_id)
 
 
@@ -207,7 +208,7 @@ def log_study_report(cfg: MlflowConfig, run_id: str, study_dir: Path) -> None:
     except Exception as err:
         logger.warning(
             "MLflow at %s: the study's report was not exported (%s: %s)",
-            cfg.tracking_uri,
+            redact(cfg.tracking_uri),
             type(err).__name__,
-            err,
+            redact(str(err)),
         )

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from dlrm_vrgd.redact import redact
+
 logger = logging.getLogger(__name__)
 
 
@@ -56,7 +58,9 @@ class Sinks(Sink):
             try:
                 getattr(sink, method)(*args)
             except Exception as err:  # a tracker never fails training
-                logger.warning("%s tracking failed (%s: %s); dropped", sink.name, type(err), err)
+                logger.warning(
+                    "%s tracking failed (%s: %s); dropped", sink.name, type(err), redact(str(err))
+                )
                 self.lenient.remove(sink)
                 _close_quietly(sink)
 
@@ -75,7 +79,7 @@ class Sinks(Sink):
             try:
                 out.update(sink.result_fields())
             except Exception as err:
-                logger.warning("%s tracking failed (%s)", sink.name, err)
+                logger.warning("%s tracking failed (%s)", sink.name, redact(str(err)))
         return out
 
     def finish(self, result: dict[str, Any]) -> None:
@@ -92,7 +96,7 @@ def _close_quietly(sink: Sink) -> None:
     try:
         sink.close()
     except Exception as err:
-        logger.warning("%s tracking failed while closing (%s)", sink.name, err)
+        logger.warning("%s tracking failed while closing (%s)", sink.name, redact(str(err)))
 
 
 class Worker:
@@ -141,7 +145,7 @@ class Worker:
                 fn(*args)
             except Exception as err:
                 if self.failed is not None:  # logged once already
-                    logger.debug("%s: %s after the failure: %s", self.what, fn, err)
+                    logger.debug("%s: %s after the failure: %s", self.what, fn, redact(str(err)))
                     continue
                 self.failed = err
                 logger.warning(
@@ -149,5 +153,5 @@ class Worker:
                     "%s: %s",
                     self.what,
                     type(err).__name__,
-                    err,
+                    redact(str(err)),
                 )

@@ -13,6 +13,9 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": Message, "descripti
 CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"model": Message, "description": "Not allowed in the job's current state"}
 }
+DAMAGED: dict[int | str, dict[str, Any]] = {
+    409: {"model": Message, "description": "The model on disk does not match its manifest"}
+}
 INVALID: dict[int | str, dict[str, Any]] = {
     422: {"model": ValidationMessage, "description": "Invalid input; `field` names it"}
 }

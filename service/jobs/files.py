@@ -11,11 +11,13 @@ DATA_DIR/jobs/<id>/
 
 Artifact names are relative paths inside ``run/``. A name with an absolute path, a ``..`` or
 ``.`` segment, a backslash or a control character is refused as invalid input; a name that
-resolves (through symlinks) outside ``run/``, or into a hidden staging entry, is not found.
+passes through a symlink (wherever it points), or names a hidden staging entry or anything
+but a regular file, is not found. Archives (:func:`tar_stream`) leave links out likewise.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -162,14 +164,14 @@ def resolve_artifact(files: JobFiles, name: str) -> Path:
     check_artifact_name(name)
     if any(p.startswith(".") for p in name.split("/")):
         raise ArtifactNotFound(f"no artifact {name!r}")
+    if files.run_dir.is_symlink():
+        raise ArtifactNotFound(f"no artifact {name!r}")
     root = files.run_dir.resolve()
     try:
         target = (root / name).resolve(strict=True)
     except (FileNotFoundError, NotADirectoryError, RuntimeError, OSError):
         raise ArtifactNotFound(f"no artifact {name!r}") from None
-    if not target.is_relative_to(root) or not target.is_file():
-        raise ArtifactNotFound(f"no artifact {name!r}")
-    if any(p.startswith(".") for p in target.relative_to(root).parts):  # a link to a hidden one
+    if target != root / name or not target.is_file():  # a link on the way, or not a file
         raise ArtifactNotFound(f"no artifact {name!r}")
     return target
 
@@ -209,22 +211,91 @@ def list_artifacts(files: JobFiles) -> list[Artifact]:
     return out
 
 
-def tar_stream(directory: Path, arcname: str, chunk: int = 1 << 20) -> Iterator[bytes]:
+def is_regular(path: Path) -> bool:
+    """True for a regular file that is not a link."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def is_real_dir(root: Path, directory: Path) -> bool:
+    """True when ``directory`` is a directory inside ``root`` reached through no link (neither
+    ``root`` nor any component below it is a symlink)."""
+    try:
+        if root.is_symlink():
+            return False
+        parts = directory.relative_to(root).parts
+    except (OSError, ValueError):
+        return False
+    here = root
+    for part in parts:
+        here = here / part
+        try:
+            st = here.lstat()
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            return False
+    return True
+
+
+def tar_stream(
+    directory: Path,
+    arcname: str,
+    expected: dict[str, Any] | None = None,
+    chunk: int = 1 << 20,
+) -> Iterator[bytes]:
     """The regular files of ``directory`` (top level, sorted) as an uncompressed tar archive
-    under ``arcname/``, in ``chunk``-sized pieces: memory stays bounded whatever the size."""
-    files = sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
-    for path in files:
-        st = path.stat()
-        info = tarfile.TarInfo(f"{arcname}/{path.name}")
-        info.size, info.mtime, info.mode = st.st_size, int(st.st_mtime), 0o644
-        yield info.tobuf(format=tarfile.PAX_FORMAT)
-        sent = 0
-        with path.open("rb") as f:
-            while sent < st.st_size and (data := f.read(min(chunk, st.st_size - sent))):
-                sent += len(data)
-                yield data
-        if sent != st.st_size:
-            raise OSError(f"{path}: changed while being sent")
-        if st.st_size % tarfile.BLOCKSIZE:
-            yield b"\0" * (tarfile.BLOCKSIZE - st.st_size % tarfile.BLOCKSIZE)
-    yield b"\0" * (2 * tarfile.BLOCKSIZE)  # end of archive
+    under ``arcname/``, in ``chunk``-sized pieces: memory stays bounded whatever the size.
+
+    Links, devices, FIFOs and hidden entries are left out, and every file is opened with
+    ``O_NOFOLLOW`` relative to the directory's own descriptor: a link planted (or swapped in
+    while the archive is sent) is never followed out. With ``expected`` (a model manifest's
+    ``files``: name -> bytes, sha256), a listed file whose bytes differ from it while being
+    sent ends the archive with an error instead of its end-of-archive blocks, so a client
+    never receives an altered model as a complete archive."""
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        with os.scandir(dir_fd) as entries:
+            names = sorted(
+                e.name
+                for e in entries
+                if not e.name.startswith(".") and e.is_file(follow_symlinks=False)
+            )
+        for name in names:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+            except OSError:  # replaced by a link (ELOOP) or removed since the listing
+                continue
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                want = (expected or {}).get(name)
+                yield from _tar_member(f, st, f"{arcname}/{name}", chunk, want)
+        yield b"\0" * (2 * tarfile.BLOCKSIZE)  # end of archive
+    finally:
+        os.close(dir_fd)
+
+
+def _tar_member(
+    f: Any, st: os.stat_result, name: str, chunk: int, expected: dict[str, Any] | None
+) -> Iterator[bytes]:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = st.st_size, int(st.st_mtime), 0o644
+    yield info.tobuf(format=tarfile.PAX_FORMAT)
+    digest = hashlib.sha256()
+    sent = 0
+    while sent < st.st_size and (data := f.read(min(chunk, st.st_size - sent))):
+        sent += len(data)
+        digest.update(data)
+        yield data
+    if sent != st.st_size:
+        raise OSError(f"{name}: changed while being sent")
+    if expected is not None and (
+        sent != expected.get("bytes") or digest.hexdigest() != expected.get("sha256")
+    ):
+        raise OSError(f"{name}: differs from the model's manifest; the archive is cut short")
+    if st.st_size % tarfile.BLOCKSIZE:
+        yield b"\0" * (tarfile.BLOCKSIZE - st.st_size % tarfile.BLOCKSIZE)

@@ -19,9 +19,11 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from dlrm_vrgd.config import CriteoData, TrainConfig
+from dlrm_vrgd.redact import redact
 from dlrm_vrgd.resources import ResourceError, check_fits, check_study_fits
 from dlrm_vrgd.study.config import StudyConfig
 from service.errors import (
+    ArtifactDamaged,
     ArtifactNotFound,
     IllegalTransition,
     InvalidInput,
@@ -37,8 +39,10 @@ from service.jobs.notifier import Notifier
 from service.jobs.runner import Runner
 from service.jobs.states import SUCCEEDED, TERMINAL
 from service.jobs.store import Job, Series, Store
+from service.jobs.tracking import check_mlflow
 from service.schemas import JobCreate, JobPublic, ScoreConfig
 from service.settings import Settings
+from service.shown import shown, shown_obj
 
 #: Records per database read of an event stream.
 EVENT_PAGE = 500
@@ -66,6 +70,13 @@ class JobService:
     def files(self, job_id: str) -> jobfiles.JobFiles:
         return self.runner.files(job_id)
 
+    def show(self, text: str) -> str:
+        """``text`` as the API may show it: secrets masked, the service's paths relative."""
+        return shown(text, self.settings)
+
+    def public(self, job: Job) -> JobPublic:
+        return JobPublic.from_job(job, self.show)
+
     # ----------------------------------------------------------------------------- jobs
     def submit(self, body: JobCreate) -> Job:
         """Store a new queued job (its config written to its directory) and wake the runner.
@@ -73,11 +84,15 @@ class JobService:
         A job that cannot fit a node's memory is refused (422 naming the fields that drive the
         estimate, see :mod:`dlrm_vrgd.resources`), as is a Criteo path the host cannot open."""
         if isinstance(body.config, StudyConfig):
+            study = body.config
+            base = study.cell_config(study.cells()[0]).run.mlflow
+            check_mlflow(base, self.settings, "config.base.run.mlflow")
             self._check_memory(body.config, ("body", "config"))
             return self._create(body, body.config.model_dump(mode="json"))
         if isinstance(body.config, ScoreConfig):
             return self._create(body, self._resolve_score(body.config))
         config = body.config
+        check_mlflow(config.run.mlflow, self.settings, "config.run.mlflow")
         if isinstance(config.data, CriteoData):
             path = config.data.path.expanduser()
             if not path.is_absolute():
@@ -119,9 +134,13 @@ class JobService:
             parts = name.split("/")
             if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
                 raise InvalidInput(field, f"{name!r}: a path relative to the data root", iloc)
-            path = (root / name).resolve()
-            if not path.is_relative_to(root) or not path.exists():
-                raise InvalidInput(field, f"{name!r}: not found under the data root {root}", iloc)
+            try:
+                path = (root / name).resolve()
+                found = path.is_relative_to(root) and path.exists()
+            except (OSError, ValueError, RuntimeError):  # a name the OS cannot look up
+                found = False
+            if not found:
+                raise InvalidInput(field, f"{name!r}: not found under the data root", iloc)
             paths.append(str(path))
         return {**config.model_dump(mode="json"), "model_dir": str(model_dir),
                 "input_paths": paths}  # fmt: skip
@@ -231,28 +250,43 @@ class JobService:
     def result(self, job_id: str) -> dict[str, Any]:
         """The run's result.json (stored copy, else the file); 404 while there is none."""
         job = self.get(job_id)
-        if job.result is not None:
-            return job.result
-        result = jobfiles.read_result(self.files(job_id))
+        result = job.result if job.result is not None else jobfiles.read_result(self.files(job_id))
         if result is None:
             raise ResultNotFound(f"job {job_id} has no result ({job.state})")
-        return result
+        return shown_obj(result)
 
     def log_tail(self, job_id: str, lines: int) -> list[str]:
         self.get(job_id)
-        return jobfiles.tail_lines(self.files(job_id).log, lines)
+        return [redact(line) for line in jobfiles.tail_lines(self.files(job_id).log, lines)]
 
     def artifacts(self, job_id: str) -> list[jobfiles.Artifact]:
         self.get(job_id)
         return jobfiles.list_artifacts(self.files(job_id))
 
-    def model_dir(self, job_id: str) -> Path:
-        """A train job's exported model directory; 404 until the job has one."""
+    def model(self, job_id: str) -> tuple[Path, dict[str, Any]]:
+        """A train job's exported model directory and its verified manifest; 404 until the job
+        has one, 409 when the model on disk is not the one its manifest describes (a file
+        altered, added, removed or replaced by a link)."""
+        from dlrm_vrgd.serve.model import ModelError, read_manifest  # imports torch: on use
+
         job = self.get(job_id)
-        model = self.files(job_id).model_dir
-        if job.kind != "train" or not (model / "manifest.json").is_file():
+        files = self.files(job_id)
+        model = files.model_dir
+        if job.kind != "train" or not (model / "manifest.json").exists():
             raise ArtifactNotFound(f"job {job_id} has no model ({job.kind}, {job.state})")
-        return model
+        if not jobfiles.is_real_dir(files.run_dir, model):
+            raise ArtifactDamaged(f"job {job_id}: its model directory is a link; not served")
+        try:
+            manifest = read_manifest(model, verify=True)
+            for name in ("manifest.json", *manifest["files"]):
+                if "/" in name or name.startswith(".") or not jobfiles.is_regular(model / name):
+                    raise ModelError(f"{model / name}: not a regular file (a link?)")
+        except (ModelError, OSError, KeyError, TypeError, AttributeError) as err:
+            raise ArtifactDamaged(
+                f"job {job_id}: its model does not match its manifest, not served: "
+                f"{type(err).__name__}: {err}"
+            ) from None
+        return model, manifest
 
     def artifact_path(self, job_id: str, name: str) -> Path:
         jobfiles.check_artifact_name(name)
@@ -274,7 +308,7 @@ class JobService:
         job = await asyncio.to_thread(store.get_job, job_id)
         if job is None:
             return
-        yield _sse("job", _job_json(job))
+        yield _sse("job", self.public(job).model_dump_json())
         cursor = after
         last_sent = last_read = time.monotonic()
         read = backlog = True  # the snapshot already reflects the backlog's state changes
@@ -288,7 +322,7 @@ class JobService:
                 rows = await asyncio.to_thread(store.records_after, job_id, cursor, EVENT_PAGE)
                 saw_state = False
                 for seq, stream, data in rows:
-                    yield _sse(stream, data, seq)
+                    yield _sse(stream, redact(data), seq)
                     cursor = seq
                     saw_state = saw_state or stream == "state"
                 last_read = time.monotonic()
@@ -297,10 +331,10 @@ class JobService:
                 if len(rows) == EVENT_PAGE:
                     continue
                 if terminal:
-                    yield _sse("end", _job_json(job))
+                    yield _sse("end", self.public(job).model_dump_json())
                     return
                 if saw_state and not backlog:
-                    yield _sse("job", _job_json(job))
+                    yield _sse("job", self.public(job).model_dump_json())
                 backlog = False
             woke = await self.notifier.wait(job_id, min(1.0, keepalive))
             now = time.monotonic()
@@ -308,10 +342,6 @@ class JobService:
             if not read and now - last_sent >= keepalive:
                 yield b": keep-alive\n\n"
                 last_sent = now
-
-
-def _job_json(job: Job) -> str:
-    return JobPublic.from_job(job).model_dump_json()
 
 
 def _sse(event: str, data: str, event_id: int | None = None) -> bytes:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
 
 from service.api.deps import JobId, ServiceDep
-from service.api.responses import INVALID, NOT_FOUND
+from service.api.responses import DAMAGED, INVALID, NOT_FOUND
 from service.jobs.files import tar_stream
 from service.schemas import ArtifactPublic, ArtifactsPublic
 
@@ -46,15 +46,18 @@ def get_logs(
     responses={
         200: {"content": {"application/x-tar": {"schema": {"type": "string"}}}},
         **NOT_FOUND,
+        **DAMAGED,
     },
 )
 def get_model(job_id: JobId, service: ServiceDep) -> StreamingResponse:
     """A succeeded train job's model (``dlrm-vrgd export``: weights, feature layout, config,
     torch.export program, manifest with SHA-256) as one tar archive, ``model-ID/...``. Load it
-    with ``dlrm_vrgd.serve.model.load_model`` or score with ``dlrm-vrgd score --model``."""
-    model = service.model_dir(job_id)
+    with ``dlrm_vrgd.serve.model.load_model`` or score with ``dlrm-vrgd score --model``.
+    Every file is checked against the manifest first: 409 for a model altered on disk (and an
+    archive cut short if a file changes while it is sent); links are never followed."""
+    model, manifest = service.model(job_id)
     return StreamingResponse(
-        tar_stream(model, f"model-{job_id}"),
+        tar_stream(model, f"model-{job_id}", manifest.get("files")),
         media_type="application/x-tar",
         headers={"Content-Disposition": f'attachment; filename="model-{job_id}.tar"'},
     )

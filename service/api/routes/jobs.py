@@ -26,7 +26,7 @@ def create_job(body: JobCreate, service: ServiceDep, response: Response) -> JobP
     backend cannot take jobs now (Slurm's controller unreachable), naming the cause."""
     job = service.submit(body)
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
-    return JobPublic.from_job(job)
+    return service.public(job)
 
 
 @router.get("", response_model=JobsPublic, responses={**INVALID})
@@ -42,12 +42,12 @@ def list_jobs(
 ) -> JobsPublic:
     """Jobs, newest first; ``count`` is the number matching the filters."""
     jobs, count = service.list_jobs(state, kind, name, limit, offset)
-    return JobsPublic(data=[JobPublic.from_job(j) for j in jobs], count=count)
+    return JobsPublic(data=[service.public(j) for j in jobs], count=count)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses={**NOT_FOUND})
 def get_job(job_id: JobId, service: ServiceDep) -> JobPublic:
-    return JobPublic.from_job(service.get(job_id))
+    return service.public(service.get(job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses={**NOT_FOUND, **CONFLICT})
@@ -55,7 +55,7 @@ async def cancel_job(job_id: JobId, service: ServiceDep) -> JobPublic:
     """Cancel a queued or running job: SIGTERM to its process group, SIGKILL after the grace
     period. Answers once no process of the job is left (state ``cancelled``, or whatever the
     job reached first). 409 for a finished job."""
-    return JobPublic.from_job(await service.cancel(job_id))
+    return service.public(await service.cancel(job_id))
 
 
 @router.delete(
