@@ -186,17 +186,41 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return importlib.import_module("service.jobs_cli").main(args.jobs_args)
 
 
+def cmd_study_report(args: argparse.Namespace) -> int:
+    """Rewrite a study's reports from its finished cells with today's report code."""
+    from dlrm_vrgd.study import rewrite_report
+
+    if args.dir is None:
+        print("error: study report: the study directory is required", file=sys.stderr)
+        return 2
+    results = rewrite_report(Path(args.dir))
+    print(
+        f"rewrote {args.dir}/results.json, results.csv, results.md and *.png "
+        f"({results['cells_finished']}/{results['cells_total']} cells)"
+    )
+    return 0
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     from dlrm_vrgd.resources import check_study_fits
     from dlrm_vrgd.study import load_study, run_study
 
+    if args.action == "report":
+        return cmd_study_report(args)
+    if args.action is not None or args.dir is not None:
+        print(f"error: unknown study action {args.action!r} (only: report DIR)", file=sys.stderr)
+        return 2
+    if args.config is None:
+        print("error: study: --config is required (or: study report DIR)", file=sys.stderr)
+        return 2
     study = load_study(args.config, args.set)
     check_study_fits(study)
     out = Path(args.out or REPO / "runs" / f"study-{study.name}")
+    stage = " (two-stage: tuning grid)" if study.two_stage else ""
     print(
-        f"study {study.name}: {len(study.cells())} cells "
+        f"study {study.name}: {len(study.cells())} cells{stage} "
         f"({len(study.batch_sizes)} batch sizes x {len(study.optimizers)} optimizers x "
-        f"{len(study.lr_multipliers)} LRs x {len(study.seeds)} seeds), "
+        f"{len(study.lr_multipliers)} LRs x {len(study.run_seeds)} seeds), "
         f"{study.steps_at_largest:,} steps at the largest batch -> {out}"
     )
     progress = ProgressLine()
@@ -478,7 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
     sc.set_defaults(fn=cmd_score)
 
     st = sub.add_parser("study", help="run a batch-size study (resumable) and write its report")
-    st.add_argument("--config", required=True, help="YAML StudyConfig (see configs/study_*.yaml)")
+    st.add_argument(
+        "action", nargs="?", choices=["report"], help="report DIR: rewrite DIR's reports"
+    )
+    st.add_argument("dir", nargs="?", metavar="DIR", help="with report: a study directory")
+    st.add_argument("--config", help="YAML StudyConfig (see configs/study_*.yaml)")
     st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     st.add_argument("--out", help="study directory (default runs/study-NAME)")
     st.set_defaults(fn=cmd_study)

@@ -276,9 +276,10 @@ class SparseOptimConfig(_Section):
     scales the row's step; ``gradient`` hands ``r_row·ḡ_row`` to the kernel (the first design,
     whose damping row-wise Adagrad largely cancels; the same as ``update`` for ``sgd``).
     The ``cowclip_`` variants clip each touched row's step gradient by CowClip (arXiv
-    2204.06240): ``ḡ_j·min(1, t_j/‖ḡ_j‖)`` with ``t_j = clip_ratio·cnt_j·max(‖w_j‖, zeta·√D)``
-    on the summed-gradient scale, then add ``weight_decay·w_j`` (see
-    :mod:`dlrm_vrgd.optim.sparse`)."""
+    2204.06240) as its authors' code does: ``g_j = ḡ_j + 2·weight_decay·w_j`` (the mean-loss
+    gradient plus Keras's L2), then ``g_j·min(1, t_j/‖g_j‖)`` with
+    ``t_j = clip_ratio·cnt_j·max(‖w_j‖, clip_ratio·zeta·√D)``, ``cnt_j`` the samples holding
+    the id (see :mod:`dlrm_vrgd.optim.sparse`, docs/cowclip.md)."""
 
     name: SparseOptimizerName = "rowwise_adagrad"
     lr: Real(gt=0.0, le=1e6) = 0.05
@@ -287,11 +288,12 @@ class SparseOptimConfig(_Section):
     estimator: Literal["step", "ema"] = "step"
     ema_beta: Fraction = 0.9
     gsnr_placement: Literal["update", "gradient"] = "update"
-    #: CowClip's r: the row's summed gradient is bounded by r x occurrences x max(‖w‖, ζ√D).
+    #: CowClip's r: the row's mean-loss gradient is bounded by r x cnt x max(‖w‖, r·ζ·√D).
     clip_ratio: Real(gt=0.0, le=1e30) = 1.0
-    #: CowClip's ζ: the lower bound of the weight norm is ζ·√D.
+    #: CowClip's ζ (their ``bound``): the lower bound of the weight norm is r·ζ·√D.
     zeta: Real(ge=0.0, le=1e6) = 1e-5
-    #: CowClip's λ: ``λ·w_j`` is added to each touched row's (mean-loss) gradient.
+    #: CowClip's λ (Keras ``l2``): ``2λ·w_j`` is added to each touched row's gradient, before
+    #: the clip.
     weight_decay: Real(ge=0.0, le=1e6) = 0.0
     #: Rows replayed through the fused kernel per call (bounds transient memory).
     replay_chunk_rows: Count(1, MAX_MICRO_BATCH) = 65_536

@@ -11,9 +11,10 @@ gradient of every touched row, separately for each *group* of bags::
 
 with ``w_j`` the per-sample weight (1 when unweighted), divided by the bag length for mean pooling.
 Rows of all features mapped to the same table are summed before anything else. Each
-``(row, group)`` also carries how many times the row's id occurs among the group's lookups
-(``RowGrads.counts``: one ``bincount`` of the ids already sorted for the sum — CowClip's
-``cnt_j``), whatever the per-sample weights or pooling.
+``(row, group)`` also carries how many of the group's samples hold the row's id
+(``RowGrads.counts``, CowClip's ``cnt_j``; an id twice in one sample's bag counts once), whatever
+the per-sample weights or pooling: one ``bincount`` of the ids already sorted for the sum when
+every bag holds one id, one more sort of the ``(row, sample)`` pairs for multi-hot bags.
 
 Tables that share an embedding dim are numbered into one *row space* (:class:`RowSpace`, like
 the TBE's own ``hash_size_cumsum``), so one micro-batch costs one sort of its looked-up ids and
@@ -88,7 +89,8 @@ class RowGrads:
     """Per-(row, group) gradients in one row space, sorted by ``(row, group)``.
 
     ``rows`` U int64 global rows, ``groups`` U int64 (0..G-1 within the call), ``grads`` U x D,
-    ``counts`` U int64: occurrences of the row's id among the group's lookups (>= 1).
+    ``counts`` U int64: samples (bags of ``[0, B)``) of the group whose lookups hold the row's id
+    (>= 1; an id twice in one sample counts once).
     """
 
     rows: torch.Tensor
@@ -154,7 +156,7 @@ def pooled_grad_to_rows(
         if ids is None:
             out.append(RowGrads.empty(space.dim, device))
             continue
-        rows, bag, contrib = ids
+        rows, bag, contrib, shared = ids
         if num_groups == 1:
             keys = rows
         else:
@@ -162,12 +164,36 @@ def pooled_grad_to_rows(
         uniq, inverse = torch.unique(keys, sorted=True, return_inverse=True)
         grads = torch.zeros(uniq.numel(), space.dim, dtype=grad.dtype, device=device)
         grads.index_add_(0, inverse, contrib)
-        counts = torch.bincount(inverse, minlength=uniq.numel())
+        counts = _sample_counts(rows, bag, uniq, inverse, num_bags, num_groups, shared)
         if num_groups == 1:
             out.append(RowGrads(uniq, torch.zeros_like(uniq), grads, counts))
         else:
             out.append(RowGrads(uniq // num_groups, uniq % num_groups, grads, counts))
     return out
+
+
+def _sample_counts(
+    rows: torch.Tensor,
+    bag: torch.Tensor,
+    uniq: torch.Tensor,
+    inverse: torch.Tensor,
+    num_bags: int,
+    num_groups: int,
+    repeats: bool,
+) -> torch.Tensor:
+    """Per unique ``(row, group)`` key ``uniq``, the number of samples (bags ``[0, B)``) whose
+    lookups hold the row's id — CowClip's ``cnt_j`` (its authors' ``tf.unique_with_counts`` over
+    a column). ``repeats``: whether an id may occur twice in one sample (multi-hot bags, or
+    features sharing a table); when it cannot, that is the occurrence count (one ``bincount``)."""
+    if not repeats:
+        return torch.bincount(inverse, minlength=uniq.numel())
+    pairs = torch.unique(rows * num_bags + bag)  # distinct (row, sample)
+    pair_rows = torch.div(pairs, num_bags, rounding_mode="floor")
+    keys = pair_rows
+    if num_groups > 1:
+        group = torch.div(pairs % num_bags, num_bags // num_groups, rounding_mode="floor")
+        keys = pair_rows * num_groups + group
+    return torch.bincount(torch.searchsorted(uniq, keys), minlength=uniq.numel())
 
 
 def _space_items(
@@ -182,9 +208,10 @@ def _space_items(
     cols: list[int],
     num_bags: int,
     pooling: Pooling,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None:
     """Every looked-up id of the space's features as ``(global row, bag in [0, B),
-    contribution ∂L/∂pooled · weight)``; None when there is none."""
+    contribution ∂L/∂pooled · weight, whether a (row, bag) pair may repeat)``; None when there
+    is none."""
     device = grad.device
     num_features = len(layout.feature_table)
     row_offset = torch.tensor(
@@ -204,7 +231,8 @@ def _space_items(
         if per_sample_weights is not None:
             w = per_sample_weights.view(num_features, num_bags).t().reshape(-1)
             contrib = contrib * w.to(grad.dtype)[:, None]
-        return rows, bag, contrib
+        shared = len(set(layout.feature_table)) < num_features  # two features, one table
+        return rows, bag, contrib, shared
     # General bags: ids feature-major, each feature's ids contiguous.
     if len(feats) == num_features:
         pooled = grad.view(num_bags, num_features, space.dim).transpose(0, 1)
@@ -237,7 +265,7 @@ def _space_items(
         scale = inv_len if scale is None else scale * inv_len
     if scale is not None:
         contrib = contrib * scale[:, None]
-    return rows, item_bag % num_bags, contrib
+    return rows, item_bag % num_bags, contrib, True
 
 
 @dataclass

@@ -25,19 +25,20 @@ With GSNR on, the row's ratio ``r_row ∈ [γ, 1]`` acts in one of two places (`
   ``u / √mean(u²)`` does not depend on ``r``). For EXACT_SGD the two placements are the same.
 
 CowClip (``cowclip``, Zheng et al., arXiv 2204.06240) replaces GSNR by the adaptive column-wise
-clip: for every touched row ``j`` with ``cnt_j`` occurrences of its id among the step's lookups
-(all groups, all ranks) and weights ``w_j`` (D-vector),
+clip, as its authors' code (bytedance/LargeBatchCTR ``train.py``/``clip.py``) runs it: for every
+touched row ``j`` with ``cnt_j`` samples of the step's ``G`` holding its id (all groups, all
+ranks), weights ``w_j`` (D-vector) and ``ḡ_j`` the gradient of the *mean* loss over the step's
+rows (what the groups' sums give, see above),
 
-    t_j = r · cnt_j · max(‖w_j‖₂, ζ·√D)            (a bound on the *summed* gradient S_j)
-    ḡ_j ← ḡ_j · min(1, (t_j / G) / ‖ḡ_j‖₂),  then  ḡ_j ← ḡ_j + λ·w_j
+    g_j = ḡ_j + 2λ·w_j                        L2 as Keras ``l2(λ)``: ``λ‖w_j‖²`` in the loss
+    t_j = r · cnt_j · max(‖w_j‖₂, r·√D·ζ)     their ``clip_id_norm`` with ``min_w = r·√D·ζ``
+    g_j ← g_j · min(1, t_j / ‖g_j‖₂)
 
-and the fused kernel then updates the row as usual (:func:`cowclip_rows`). The paper clips the
-summed gradient ``S_j = Σ_{occurrences} ∂ℓ_i/∂w_j`` of the step's ``G`` rows; ours is the mean
-over ``k`` groups of per-group mean-loss gradients, so ``ḡ_j = S_j / G`` exactly, and since the
-clip factor only rescales, clipping ``ḡ_j`` at ``t_j / G`` *is* clipping ``S_j`` at ``t_j``
-(then dividing by ``G``). ``λ·w_j`` is added on the mean-loss scale — the gradient of
-``mean loss + λ/2·‖w_j‖²`` over the touched rows — which is what makes the paper's rule
-"λ ∝ G at a fixed embedding LR" keep the decay per epoch constant.
+and the fused kernel then updates the row as usual (:func:`cowclip_rows`). The bound acts on the
+mean-loss gradient, with no division by ``G``: their loss is Keras's ``SUM_OVER_BATCH_SIZE``
+mean, and so is Algorithm 1's. Where the paper (``max(r·‖w‖, ζ)``) and the code differ, this
+follows the code; one departure, for a sparse kernel: the decay reaches the touched rows only
+(their dense Keras regularizer decays every row at every step). See docs/cowclip.md.
 
 Memory: an ``int32`` slot per table row (the size of the row-wise Adagrad state), two floats
 per row for the EMA estimator, plus ``O(touched rows x D)`` for the step's sums (and, with
@@ -116,8 +117,8 @@ class RowAccumulator:
 
     ``grad_sum[i]`` = Σ_d g_{d,row_i} (D-vector), ``sq_sum[i]`` = Σ_d ‖g_{d,row_i}‖²,
     ``n_groups[i]`` = number of groups that touched ``row_i``; ``rows[:size]`` in first-touch order.
-    With ``count_ids``, ``counts[i]`` = occurrences of ``row_i``'s id over the step's lookups
-    (the sum of :attr:`RowGrads.counts`; CowClip's ``cnt``).
+    With ``count_ids``, ``counts[i]`` = samples of the step holding ``row_i``'s id (the sum of
+    :attr:`RowGrads.counts` over groups, which hold disjoint samples; CowClip's ``cnt``).
 
     On the CPU the buffers are reserved for every row of the table at once: the operating system
     commits a page only when it is first written, so resident memory follows the rows actually
@@ -219,19 +220,16 @@ class RowStep:
 
 @dataclass(frozen=True)
 class CowClip:
-    """CowClip's settings (see the module doc): clip ratio ``r``, weight-norm floor ``ζ`` (the
-    bound is ``ζ·√D``), weight decay ``λ``, and ``rows_per_step`` = ``G``, the global batch
-    whose mean loss the step's gradient is (the clip's threshold on the mean scale is
-    ``t_j / G``)."""
+    """CowClip's settings (see the module doc): clip ratio ``r``, weight-norm floor ``ζ`` (their
+    ``bound``: the floor is ``r·√D·ζ``) and L2 coefficient ``λ`` (the gradient gains
+    ``2λ·w``)."""
 
-    rows_per_step: int
     clip_ratio: float = 1.0
     zeta: float = 1e-5
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         checks = (
-            ("rows_per_step", self.rows_per_step > 0),
             ("clip_ratio", math.isfinite(self.clip_ratio) and self.clip_ratio > 0),
             ("zeta", math.isfinite(self.zeta) and self.zeta >= 0),
             ("weight_decay", math.isfinite(self.weight_decay) and self.weight_decay >= 0),
@@ -245,13 +243,15 @@ def cowclip_rows(
     mean_grad: torch.Tensor, weights: torch.Tensor, counts: torch.Tensor, cc: CowClip
 ) -> torch.Tensor:
     """CowClip of the touched rows, in place on ``mean_grad`` (U x D, the mean-loss gradient
-    ``ḡ``) given their ``weights`` (U x D) and id ``counts`` (U): ``ḡ · min(1, (t/G)/‖ḡ‖) +
-    λ·w`` with ``t = r·cnt·max(‖w‖, ζ·√D)``. Returns the clip factor of each row (U, 1 where
-    the clip is inactive or ``ḡ = 0``)."""
+    ``ḡ``) given their ``weights`` (U x D) and ``counts`` (U, samples holding the id):
+    ``g = ḡ + 2λ·w``, then ``g · min(1, t/‖g‖)`` with ``t = r·cnt·max(‖w‖, r·√D·ζ)``. Returns
+    the clip factor of each row (U, 1 where the clip is inactive or ``g = 0``)."""
     dim = mean_grad.shape[1]
-    floor = cc.zeta * math.sqrt(dim)
+    if cc.weight_decay:
+        mean_grad.add_(weights, alpha=2.0 * cc.weight_decay)
+    floor = cc.clip_ratio * math.sqrt(dim) * cc.zeta
     w_norm = torch.linalg.vector_norm(weights, dim=1).clamp_min(floor)
-    threshold = (cc.clip_ratio / cc.rows_per_step) * counts.to(mean_grad.dtype) * w_norm
+    threshold = cc.clip_ratio * counts.to(mean_grad.dtype) * w_norm
     g_norm = torch.linalg.vector_norm(mean_grad, dim=1)
     factor = torch.where(
         g_norm > threshold, threshold / g_norm.clamp_min(torch.finfo(g_norm.dtype).tiny), 1.0
@@ -259,8 +259,6 @@ def cowclip_rows(
     clipped = factor < 1.0
     if bool(clipped.any()):
         mean_grad[clipped] *= factor[clipped, None]
-    if cc.weight_decay:
-        mean_grad.add_(weights, alpha=cc.weight_decay)
     return factor
 
 
@@ -500,8 +498,8 @@ class SparseRowwiseOptimizer:
         placement, or no GSNR) or ``r_row · ḡ_row`` (``gradient``) — computed in place in the
         accumulator's buffer (no copy of the ``U x D`` sums): returns ``(global rows, kernel
         input, ratio)`` and fills the per-table telemetry (and, with ``record_rows``, the
-        per-table :class:`RowStep`). With CowClip the kernel input is the clipped ``ḡ_row`` plus
-        ``λ·w_row``."""
+        per-table :class:`RowStep`). With CowClip the kernel input is the clipped
+        ``ḡ_row + 2λ·w_row``."""
         k = self.k
         rows, grad_sum, sq_sum, n_groups, id_counts = acc.drain()
         table_ix = space.table_index(rows)

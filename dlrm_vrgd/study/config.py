@@ -11,10 +11,13 @@ by ``lr_rule`` (the square-root rule by default); the sweep multiplies that by e
 ``lr_multipliers`` — values below 1 are below the rule. Warm-up and decay follow each cell's own
 step count. Selection of the LR is on the validation split; the test split only reports.
 
-Two protocols are reported from the same cells: *tuned* (the multiplier with the best mean
+Two protocols are reported: *tuned* (the multiplier with the best mean
 validation AUC, per batch and optimizer) and *rule* (the multiplier ``rule_multiplier``, fixed
 before the study — 1, or the one found best at the smallest batch by an earlier study — at every
-batch size, so the LR follows the scaling rule alone; validation is never consulted).
+batch size, so the LR follows the scaling rule alone; validation is never consulted). With
+``tune_seeds``/``confirm_seeds`` (the two-stage protocol) the rule's multiplier is instead each
+(optimizer, k)'s own pick at the smallest batch, fixed before any larger-batch cell runs, and
+both protocols report only the fresh confirmation seeds (:mod:`dlrm_vrgd.study.protocol`).
 
 ``lr_rule: cowclip`` (per optimizer or for the study) is CowClip's rule (arXiv 2204.06240): the
 embedding LR stays fixed, the tables' weight decay λ grows linearly with ``G``, the dense LR by
@@ -100,6 +103,21 @@ class StudyConfig(_Section):
     seeds: list[Count(0, MAX_SEED)] = Field(
         default_factory=lambda: [0, 1, 2], min_length=1, max_length=MAX_AXIS
     )
+    #: Two-stage protocol (both set, disjoint; ``seeds`` is then unused): the ``tune_seeds``
+    #: choose each (batch, optimizer, k)'s multiplier on validation AUC, the fresh
+    #: ``confirm_seeds`` are trained at each chosen multiplier (and at the rule's) and are the
+    #: only cells the report's figures come from. See :mod:`dlrm_vrgd.study.protocol`.
+    tune_seeds: list[Count(0, MAX_SEED)] | None = Field(
+        default=None, min_length=1, max_length=MAX_AXIS
+    )
+    confirm_seeds: list[Count(0, MAX_SEED)] | None = Field(
+        default=None, min_length=1, max_length=MAX_AXIS
+    )
+    #: Two-stage: how many times a pick on the grid's edge is moved out by one notch (the
+    #: ratio of the two multipliers at that edge) before the pick is taken as it is.
+    edge_extensions: Count(0, 16) = 0
+    #: A reported cell whose test AUC is below this has collapsed (the report counts them).
+    collapse_auc: Real(gt=0, lt=1) = 0.78
     warmup_fraction: Real(ge=0, lt=1) = 0.05
     decay: Literal["none", "poly", "cosine"] = "cosine"
     min_lr_factor: Real(ge=0, le=1) = 0.0
@@ -115,7 +133,11 @@ class StudyConfig(_Section):
     @model_validator(mode="after")
     def _check(self) -> StudyConfig:
         largest = max(self.batch_sizes)
-        cells = len(self.batch_sizes) * len(self.lr_multipliers) * len(self.seeds)
+        if (self.tune_seeds is None) != (self.confirm_seeds is None):
+            raise ValueError("tune_seeds and confirm_seeds: set both (two-stage) or neither")
+        if self.two_stage and set(self.tune_seeds or []) & set(self.confirm_seeds or []):
+            raise ValueError("confirm_seeds must be fresh: they share seeds with tune_seeds")
+        cells = len(self.batch_sizes) * len(self.lr_multipliers) * len(self.run_seeds)
         cells *= sum(len(self.groups_of(o)) for o in self.optimizers)
         if cells > MAX_CELLS:
             raise ValueError(f"the grid has {cells:,} cells, more than {MAX_CELLS:,}")
@@ -140,7 +162,7 @@ class StudyConfig(_Section):
             if g % b:
                 raise ValueError(f"batch_sizes: {g} is not a multiple of max_micro_batch {b}")
         for o in self.optimizers:
-            if self.rule_multiplier_of(o) not in self.lr_multipliers:
+            if not self.two_stage and self.rule_multiplier_of(o) not in self.lr_multipliers:
                 raise ValueError(
                     f"optimizers.{o.name}: rule_multiplier {self.rule_multiplier_of(o)} is not "
                     f"one of lr_multipliers {self.lr_multipliers}"
@@ -163,10 +185,19 @@ class StudyConfig(_Section):
         try:  # the base and each optimizer must make valid training configs
             for o in self.optimizers:
                 for k in self.groups_of(o):
-                    self.cell_config(Cell(largest, o.name, 1.0, self.seeds[0], k))
+                    self.cell_config(Cell(largest, o.name, 1.0, self.run_seeds[0], k))
         except ConfigError as err:
             raise ValueError(str(err)) from None
         return self
+
+    @property
+    def two_stage(self) -> bool:
+        return self.tune_seeds is not None
+
+    @property
+    def run_seeds(self) -> list[int]:
+        """The seeds of the LR grid: ``tune_seeds`` (two-stage) or ``seeds``."""
+        return list(self.tune_seeds) if self.tune_seeds is not None else list(self.seeds)
 
     @property
     def train_rows(self) -> int:
@@ -207,13 +238,15 @@ class StudyConfig(_Section):
         }[rule]
 
     def cells(self) -> list[Cell]:
+        """The LR grid (two-stage: the tuning cells of the initial grid; the edge extensions
+        and confirmation cells follow from their results, see :mod:`dlrm_vrgd.study.protocol`)."""
         return [
             Cell(g, o.name, m, seed, k)
             for g in sorted(self.batch_sizes)
             for o in self.optimizers
             for k in self.groups_of(o)
             for m in self.lr_multipliers
-            for seed in self.seeds
+            for seed in self.run_seeds
         ]
 
     def optimizer(self, name: str) -> StudyOptimizer:

@@ -116,8 +116,10 @@ def write_plots(
             and c["lr_multiplier"] == best.get((g, name, k))
         ]
 
+    # A study rewritten from its results.json alone (no cells/) keeps its curve plots.
+    has_runs = (out / "cells").is_dir() and all("val_curve" in c for c in cells)
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 4), squeeze=False)
-    for ax, g in zip(axes[0], sizes, strict=True):
+    for ax, g in zip(axes[0], sizes if has_runs else [], strict=False):
         for name, k in series:
             curve = _mean_curve([c["val_curve"] for c in chosen(g, name, k)])
             if curve:
@@ -130,7 +132,10 @@ def write_plots(
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation AUC")
     axes[0][-1].legend(fontsize=8)
-    paths.append(_save(fig, out / "auc_vs_rows.png"))
+    if has_runs:
+        paths.append(_save(fig, out / "auc_vs_rows.png"))
+    else:
+        plt.close(fig)
 
     # 3. GSNR ratio over training (VR optimizers, best LR, seed mean), dense and tables
     fig, (ax_d, ax_t) = plt.subplots(1, 2, figsize=(10, 4))
@@ -154,7 +159,10 @@ def write_plots(
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
     ax_t.legend(fontsize=8)
-    paths.append(_save(fig, out / "gsnr_ratio.png"))
+    if has_runs:
+        paths.append(_save(fig, out / "gsnr_ratio.png"))
+    else:
+        plt.close(fig)
 
     # 4. test AUC against k (gradient groups per step), VR optimizers, both protocols
     if gsnr:
@@ -219,10 +227,10 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def _mean_curve(runs: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
+def _mean_curve(runs: list[list[tuple[int, float, int]]]) -> list[tuple[int, float]]:
     points: dict[int, list[float]] = defaultdict(list)
     for run in runs:
-        for x, y in run:
+        for x, y, *_ in run:
             points[x].append(y)
     return [(x, sum(ys) / len(ys)) for x, ys in sorted(points.items()) if len(ys) == len(runs)]
 

@@ -8,6 +8,7 @@ Layout of the study directory::
       cells/<cell id>/    one run directory per cell (metrics.jsonl, gsnr.jsonl, result.json,
                           tb/: ``tensorboard --logdir OUT`` shows the whole grid)
       mlflow.json         the study's MLflow parent run (with ``run.mlflow`` in the base config)
+      picks.json          two-stage only: each (batch, optimizer, k)'s grid, pick and edge flag
       results.json        every cell's figures and the per-(batch, optimizer) summary
       result.json         the same, written last: the study is complete
       results.csv         one line per (batch, optimizer): the summary, flat
@@ -16,11 +17,14 @@ Layout of the study directory::
       auc_vs_rows.png     validation AUC against rows seen, best LR, per batch size
       gsnr_ratio.png      mean GSNR ratio over training, dense and tables, VR optimizers
 
-A cell whose ``result.json`` exists is finished and never rerun (its ``config.json`` must be the
-config the study gives it now); an unfinished cell (no ``result.json``: the study was interrupted)
-is started again from scratch. A finished study may be grown — more learning-rate multipliers or
-seeds — in the same directory: only the new cells run. With
-``workers == 1`` all cells run in this process, so the synthetic rows are generated once
+With ``tune_seeds``/``confirm_seeds`` the cells run in rounds (tune the smallest batch, fix the
+rule's multipliers, tune the rest and extend edge picks, confirm; ``picks.json`` records each
+pick): see :mod:`dlrm_vrgd.study.protocol`. A cell whose ``result.json`` exists is finished and
+never rerun (its ``config.json`` must be the config the study gives it now); an unfinished cell
+(no ``result.json``: the study was interrupted) is started again from scratch. A finished study
+may be grown — more learning-rate multipliers or seeds — in the same directory: only the new
+cells run. With ``workers == 1`` all cells run in this process, so the synthetic rows are
+generated once
 (``data.cache_mb``) and shared; with more, each worker process keeps its own copy.
 """
 
@@ -37,8 +41,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from dlrm_vrgd.config import MlflowConfig, TrainConfig
+from pydantic import ValidationError
+
+from dlrm_vrgd.config import ConfigError, MlflowConfig, TrainConfig
 from dlrm_vrgd.study.config import Cell, StudyConfig
+from dlrm_vrgd.study.protocol import Plan, finished_val_aucs
 from dlrm_vrgd.study.report import write_report
 from dlrm_vrgd.train.rundir import CONFIG, RESULT, JsonlWriter, atomic_write_json
 
@@ -84,17 +91,12 @@ def run_study(
             on_cell(i, len(cells), cell, status, record)
 
     mlflow = _study_mlflow(study, cells, out)
-    todo = []
-    try:
-        for i, cell in enumerate(cells):
+
+    def run_cells(todo: list[tuple[int, Cell]]) -> None:
+        for _, cell in todo:
             run_dir = out / "cells" / cell.id
-            if (run_dir / RESULT).exists():
-                _check_finished_cell(study, cell, run_dir)
-                finished(i, cell, "skip")
-                continue
             if run_dir.exists():  # interrupted: start the cell again
                 shutil.rmtree(run_dir)
-            todo.append((i, cell))
         if study.workers == 1:
             from dlrm_vrgd.train.loop import train
 
@@ -111,6 +113,20 @@ def run_study(
                 finished(i, cell, "done")
         else:
             _run_parallel(study, out, todo, finished, mlflow)
+
+    try:
+        if study.two_stage:
+            _run_two_stage(study, out, cells, finished, run_cells)
+        else:
+            todo = []
+            for i, cell in enumerate(cells):
+                run_dir = out / "cells" / cell.id
+                if (run_dir / RESULT).exists():
+                    _check_finished_cell(study, cell, run_dir)
+                    finished(i, cell, "skip")
+                    continue
+                todo.append((i, cell))
+            run_cells(todo)
     finally:
         log.close()
     results = write_report(study, out)
@@ -120,6 +136,50 @@ def run_study(
 
         log_study_report(mlflow[0], mlflow[1], out)
     return results
+
+
+def _run_two_stage(
+    study: StudyConfig,
+    out: Path,
+    cells: list[Cell],
+    finished: Callable[[int, Cell, str], None],
+    run_cells: Callable[[list[tuple[int, Cell]]], None],
+) -> None:
+    """Tune, extend edge picks, fix the rule, confirm: rounds of the cells the plan needs now
+    (:mod:`dlrm_vrgd.study.protocol`), until it needs none. ``picks.json`` records the picks
+    and the rule's multipliers as they are fixed."""
+    val, p = finished_val_aucs(study, out, _check_finished_cell)
+    for i, cell in enumerate(c for c in p.tune_cells + p.confirm_cells if c.id in val):
+        finished(i, cell, "skip")
+    while True:
+        _write_picks(out, p)
+        if not p.todo:
+            return
+        cells[:] = p.tune_cells + p.confirm_cells  # the total as known now
+        run_cells([(cells.index(c), c) for c in p.todo])
+        val, p = finished_val_aucs(study, out, _check_finished_cell)
+
+
+def _write_picks(out: Path, p: Plan) -> None:
+    atomic_write_json(
+        out / "picks.json",
+        {
+            "rule": [
+                {"optimizer": o, "groups": k, "lr_multiplier": m} for (o, k), m in p.rule.items()
+            ],
+            "tuned": [
+                {
+                    "global_batch": g,
+                    "optimizer": o,
+                    "groups": k,
+                    "grid": gp.grid,
+                    "lr_multiplier": gp.pick,
+                    "edge": gp.edge,
+                }
+                for (g, o, k), gp in p.groups.items()
+            ],
+        },
+    )
 
 
 def _study_mlflow(
@@ -155,7 +215,19 @@ def _untracked(config: dict[str, Any]) -> dict[str, Any]:
 
 #: Settings that only choose which cells run, how many at once, or how they are reported: a
 #: finished study may be resumed with more learning rates or seeds, or another target AUC.
-_GRID_ONLY = ("workers", "lr_multipliers", "seeds", "target_auc", "rule_multiplier", "groups")
+_GRID_ONLY = (
+    "workers",
+    "lr_multipliers",
+    "seeds",
+    "target_auc",
+    "rule_multiplier",
+    "groups",
+    "confirm_seeds",
+    "collapse_auc",
+)
+#: Study fields added after studies were first run: at their defaults they are left out of the
+#: spec, so that a study.json written before them still matches.
+_LATER_STUDY_FIELDS = {"tune_seeds": None, "edge_extensions": 0}
 
 
 #: Optimizer fields added after studies were first run: unset, they are left out of the spec so
@@ -166,6 +238,9 @@ _LATER_OPTIMIZER_FIELDS = ("groups", "lr_rule", "rule_multiplier")
 def _spec(resolved: dict[str, Any]) -> dict[str, Any]:
     """What every cell of a study shares: its config less the grid-only settings."""
     spec = {k: v for k, v in resolved.items() if k not in _GRID_ONLY}
+    for k, default in _LATER_STUDY_FIELDS.items():
+        if spec.get(k, default) == default:
+            spec.pop(k, None)
     spec["optimizers"] = [
         {k: v for k, v in o.items() if not (k in _LATER_OPTIMIZER_FIELDS and v is None)}
         for o in spec.get("optimizers", [])
@@ -234,3 +309,21 @@ def _cell_record(done: int, total: int, cell: Cell, run_dir: Path, status: str) 
         "oracle_auc": result["test"].get("oracle_auc"),
         "train_seconds": result["timings"]["train_seconds"],
     }
+
+
+def rewrite_report(out: Path) -> dict[str, Any]:
+    """Rewrite a study directory's reports from its finished cells with today's report code
+    (``dlrm-vrgd study report DIR``); the cells are read, never rerun. ``result.json`` (the
+    study is complete) is rewritten only where it existed."""
+    out = Path(out)
+    saved = out / "study.json"
+    if not saved.exists():
+        raise ConfigError(f"{out}: no study.json (not a study directory)")
+    try:
+        study = StudyConfig.model_validate(json.loads(saved.read_text()))
+    except (ValidationError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{saved}: not a valid study config: {err}") from None
+    results = write_report(study, out)
+    if (out / RESULT).exists():
+        atomic_write_json(out / RESULT, results)
+    return results

@@ -171,7 +171,7 @@ class Trainer:
             ema_beta=sparse.ema_beta,
             chunk_rows=sparse.replay_chunk_rows,
             cowclip=(
-                CowClip(run.global_batch, sparse.clip_ratio, sparse.zeta, sparse.weight_decay)
+                CowClip(sparse.clip_ratio, sparse.zeta, sparse.weight_decay)
                 if sparse.cowclip
                 else None
             ),

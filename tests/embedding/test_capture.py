@@ -50,15 +50,17 @@ def test_row_grads_match_autograd(one_hot, dims, pooling: str, weighted: bool, g
     ref = reference_row_grads(bags, feature_table, tables, pooling, upstream, groups)
     for mine, theirs in zip(per_table(got, layout, tables, groups), ref, strict=True):
         torch.testing.assert_close(mine, theirs)
-    # occurrences of each id per (row, group), counted here bag by bag (weights and pooling
+    # samples holding each id per (row, group), counted here sample by sample (an id twice in
+    # one sample, in one bag or in two features of one table, counts once; weights and pooling
     # do not change a count)
-    counts: list[dict[tuple[int, int], int]] = [{} for _ in layout.spaces]
+    holders: list[dict[tuple[int, int], set[int]]] = [{} for _ in layout.spaces]
     for f, t in enumerate(feature_table):
         s, pos = layout.space_of_table(t)
         for b, ids in enumerate(bags.ids[f]):
             for i in ids.tolist():
                 key = (layout.spaces[s].offsets[pos] + i, b // (16 // groups))
-                counts[s][key] = counts[s].get(key, 0) + 1
+                holders[s].setdefault(key, set()).add(b)
+    counts = [{k: len(v) for k, v in h.items()} for h in holders]
     for rg, expected in zip(got, counts, strict=True):
         pairs = zip(rg.rows.tolist(), rg.groups.tolist(), rg.counts.tolist(), strict=True)
         assert {(r, g): c for r, g, c in pairs} == expected

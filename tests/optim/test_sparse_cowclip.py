@@ -1,10 +1,16 @@
-"""CowClip on the tables (arXiv 2204.06240) against a reference written here from the formula:
-per touched row j, with cnt_j occurrences of id j among the step's lookups and S_j its summed
-gradient over the step's G rows,
+"""CowClip on the tables (arXiv 2204.06240, Algorithm 1, as its authors' code runs it) against a
+reference written here, sample by sample: for a step of G samples with mean loss
+L = (1/G) Σ_b ℓ_b, per touched row j,
 
-    t_j = r · cnt_j · max(‖w_j‖, ζ·√D),   S_j ← S_j · min(1, t_j / ‖S_j‖),   g_j = S_j / G + λ·w_j
+    ḡ_j = ∂L/∂w_j = (1/G) Σ_b Σ_{occurrences of j in sample b} ∂ℓ_b/∂pooled_b
+    cnt_j = number of samples whose bag holds j      (tf.unique_with_counts over the column)
+    g_j = ḡ_j + 2λ·w_j                               (Keras l2(λ) in the loss, before the clip)
+    t_j = r · cnt_j · max(‖w_j‖, r·√D·ζ)             (clip_id_norm with min_w = r·√D·ζ)
+    g_j ← g_j · min(1, t_j / ‖g_j‖)
 
-then the fused kernel (row-wise Adagrad or SGD) on g_j."""
+then the fused kernel (row-wise Adagrad or SGD) on g_j. At r = 0.5 the placement of r matters
+(r·max(‖w‖, r√Dζ) is not max(r‖w‖, r√Dζ) where the floor binds), multi-hot bags make cnt_j
+(samples) differ from the occurrence count, and G = 8 makes a bound divided by G differ."""
 
 from __future__ import annotations
 
@@ -23,19 +29,20 @@ from ..conftest import tiny_config
 from ..embedding.helpers import Bags
 
 ROWS, DIM, LR, EPS = 6, 4, 0.2, 1e-8
-#: 4 micro-batches of 2 bags (G = 8), ids by hand: row 1 occurs 5 times (twice in one bag),
-#: row 5 three times in one bag, rows 2 and 3 twice, row 4 once, row 0 never.
+#: 4 micro-batches of 2 bags (G = 8), ids by hand: row 1 occurs 5 times in 4 samples (twice in
+#: one bag), row 5 three times in one sample, rows 2 and 3 in two samples, row 4 in one, row 0
+#: never.
 MICRO = [
     [[1, 1, 2], [3]],
     [[1], [4, 2]],
     [[], [1, 3]],
     [[5, 5, 5], [1]],
 ]
-COUNTS = {1: 5, 2: 2, 3: 2, 4: 1, 5: 3}
+SAMPLES_HOLDING = {1: 4, 2: 2, 3: 2, 4: 1, 5: 1}
 B = 2
 G = B * len(MICRO)
-#: Row 1's weights are large (clip inactive), row 2's small and row 3's zero (the floor ζ·√D):
-#: clipped.
+#: Row 1's weights are large (clip inactive), row 2's small and row 3's zero (the floor
+#: r·√D·ζ binds): clipped.
 WEIGHTS = torch.tensor(
     [
         [0.3, -0.2, 0.1, 0.0],
@@ -47,7 +54,9 @@ WEIGHTS = torch.tensor(
     ]
 )
 UPSTREAM = torch.randn(G, DIM, generator=torch.Generator().manual_seed(3))
-CLIP = {"clip_ratio": 1.0, "zeta": 0.05, "weight_decay": 0.1}
+CLIP = {"clip_ratio": 0.5, "zeta": 0.05, "weight_decay": 0.1}
+#: The rows the reference clips at CLIP (checked against it below, so that every case is met).
+CLIPPED = {2, 3, 5}
 
 
 def bags() -> Bags:
@@ -66,31 +75,31 @@ def make_ebc(kernel: str) -> FbgemmEmbeddingBagCollection:
 
 
 def reference(kernel: str, clip_ratio: float, zeta: float, weight_decay: float):
-    """The step from the formula: weights, row states and which rows were clipped."""
-    summed = torch.zeros(ROWS, DIM, dtype=torch.float64)
-    counts = torch.zeros(ROWS, dtype=torch.float64)
+    """The step from the formula, sample by sample: weights, row states, each touched row's
+    clipped gradient and its clip factor."""
+    mean_grad = torch.zeros(ROWS, DIM, dtype=torch.float64)
+    holders: dict[int, set[int]] = {}
     for b, ids in enumerate(ids for mb in MICRO for ids in mb):
-        for j in ids:
-            summed[j] += UPSTREAM[b].double()  # ∂(Σ_b out_b·u_b)/∂w_j, one term per occurrence
-            counts[j] += 1
+        for j in ids:  # ∂(u_b·pooled_b)/∂w_j = u_b, once per occurrence; the loss is a mean
+            mean_grad[j] += UPSTREAM[b].double() / G
+            holders.setdefault(j, set()).add(b)
     w = WEIGHTS.double().clone()
     state = torch.zeros(ROWS, dtype=torch.float64)
-    clipped = {}
-    for j in range(ROWS):
-        if counts[j] == 0:
-            continue
-        assert counts[j] == COUNTS[j]
-        t = clip_ratio * float(counts[j]) * max(float(w[j].norm()), zeta * math.sqrt(DIM))
-        norm = float(summed[j].norm())
-        clipped[j] = bool(norm > t)
-        s = summed[j] * min(1.0, t / norm)
-        g = s / G + weight_decay * w[j]
+    grads, factors = {}, {}
+    for j in sorted(holders):
+        cnt = len(holders[j])
+        assert cnt == SAMPLES_HOLDING[j]
+        g = mean_grad[j] + 2 * weight_decay * w[j]
+        floor = clip_ratio * math.sqrt(DIM) * zeta
+        t = clip_ratio * cnt * max(float(w[j].norm()), floor)
+        factors[j] = min(1.0, t / float(g.norm()))
+        grads[j] = g * factors[j]
         if kernel == "rowwise_adagrad":
-            state[j] += g.square().mean()
-            w[j] -= LR * g / (state[j].sqrt() + EPS)
+            state[j] += grads[j].square().mean()
+            w[j] -= LR * grads[j] / (state[j].sqrt() + EPS)
         else:
-            w[j] -= LR * g
-    return w.float(), state.float(), clipped
+            w[j] -= LR * grads[j]
+    return w.float(), state.float(), grads, factors
 
 
 def cowclip_step(kernel: str, groups_per_call: int, **clip: float) -> tuple:
@@ -100,8 +109,9 @@ def cowclip_step(kernel: str, groups_per_call: int, **clip: float) -> tuple:
         lookup.capture.remove()
         lookup = TBELookup(ebc.tbe, ["t0"], groups_per_call=groups_per_call)
     opt = SparseRowwiseOptimizer(
-        [lookup], lr=LR, cowclip=CowClip(G, **clip), groups_per_collect=groups_per_call
+        [lookup], lr=LR, cowclip=CowClip(**clip), groups_per_collect=groups_per_call
     )
+    opt.record_rows = True
     data = bags()
     per_call = B * groups_per_call
     for start in range(0, G, per_call):
@@ -118,16 +128,22 @@ def cowclip_step(kernel: str, groups_per_call: int, **clip: float) -> tuple:
 @pytest.mark.parametrize("kernel", ["rowwise_adagrad", "sgd"])
 def test_cowclip_equals_the_formula(kernel: str, groups_per_call: int) -> None:
     ebc, opt = cowclip_step(kernel, groups_per_call, **CLIP)
-    w_ref, state_ref, clipped = reference(kernel, **CLIP)
-    assert clipped[1] is False and clipped[2] is True and clipped[3] is True  # both cases met
+    w_ref, state_ref, grads, factors = reference(kernel, **CLIP)
+    assert {j for j, f in factors.items() if f < 1} == CLIPPED
+    assert factors[1] == 1.0 and factors[3] < 1 and float(WEIGHTS[3].norm()) == 0  # floor binds
+    # the kernel's input, row by row: the clipped gradient, hence the clip factor of each row
+    (step,) = opt.last_rows[0]
+    assert step.rows.tolist() == sorted(factors)
+    for j, got in zip(step.rows.tolist(), step.update, strict=True):
+        torch.testing.assert_close(got.double(), grads[j], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(ebc.table_weights()[0], w_ref, rtol=1e-5, atol=1e-6)
     if kernel == "rowwise_adagrad":
         torch.testing.assert_close(ebc.row_states()[0].reshape(-1), state_ref, rtol=1e-5, atol=0)
     assert torch.equal(ebc.table_weights()[0][0], WEIGHTS[0])  # untouched row 0
     summary = opt.summary()[0]
     assert summary["touched_rows"] == 5
-    assert summary["cowclip_clipped"] == pytest.approx(sum(clipped.values()) / 5)
-    assert 0 < summary["cowclip_factor"] < 1
+    assert summary["cowclip_clipped"] == pytest.approx(len(CLIPPED) / 5)
+    assert summary["cowclip_factor"] == pytest.approx(sum(factors.values()) / 5, rel=1e-5)
 
 
 def train_tables(*overrides: str) -> tuple[list[float], list[torch.Tensor], list[torch.Tensor]]:
@@ -151,7 +167,7 @@ def test_inactive_clip_without_decay_is_rowwise_adagrad_exactly() -> None:
         assert torch.equal(a, b)
     # and an active clip does change the tables
     active = train_tables(
-        "optim.sparse.name=cowclip_rowwise_adagrad", "optim.sparse.clip_ratio=0.01"
+        "optim.sparse.name=cowclip_rowwise_adagrad", "optim.sparse.clip_ratio=1e-5"
     )
     assert not all(torch.equal(a, b) for a, b in zip(active[1], plain[1], strict=True))
 
@@ -176,13 +192,13 @@ def test_weight_decay_without_cowclip_is_refused() -> None:
     cfg = tiny_config("optim.sparse.name=cowclip_sgd", "optim.sparse.weight_decay=0.1")
     assert cfg.optim.sparse.kernel == "sgd" and cfg.optim.sparse.cowclip
     with pytest.raises(ValueError, match="alternatives"):
-        SparseRowwiseOptimizer([], lr=0.1, gsnr=True, cowclip=CowClip(8))
+        SparseRowwiseOptimizer([], lr=0.1, gsnr=True, cowclip=CowClip())
     with pytest.raises(ValueError, match="clip_ratio"):
-        CowClip(8, clip_ratio=float("inf"))
+        CowClip(clip_ratio=float("inf"))
 
 
 def test_torch_backend_clips_like_fbgemm() -> None:
-    sets = ("optim.sparse.name=cowclip_rowwise_adagrad", "optim.sparse.clip_ratio=0.05",
+    sets = ("optim.sparse.name=cowclip_rowwise_adagrad", "optim.sparse.clip_ratio=1e-4",
             "optim.sparse.weight_decay=0.01")  # fmt: skip
     fb = train_tables(*sets)
     pt = train_tables(*sets, "model.embedding_backend=torch")

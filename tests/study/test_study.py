@@ -171,10 +171,13 @@ def assert_rows_equal_json(rows: list[list[str]], summary: list[dict]) -> None:
         assert int(cells[0].replace(",", "")) == s["global_batch"]
         assert int(cells[1]) == s["steps"] and cells[2] == s["optimizer"]
         assert int(cells[3]) == s["groups"]
-        assert float(cells[4]) == s["lr_multiplier"]
+        assert float(cells[4].split()[0].removeprefix("x")) == s["lr_multiplier"]
+        assert ("edge" in cells[4]) == bool(s["edge"])
         assert float(cells[5]) == s["val_auc"] and float(cells[6]) == s["test_auc"]
-        assert float(cells[7]) == s["test_auc_sd"] and float(cells[8]) == s["auc_change"]
-        assert float(cells[9]) == s["oracle_gap"] and float(cells[10]) == s["train_test_gap"]
+        assert float(cells[7]) == s["test_auc_sd"] and int(cells[8]) == s["seeds"]
+        assert cells[9].startswith(f"{s['collapsed']}/{s['seeds']} [")
+        assert float(cells[10]) == s["auc_change"]
+        assert float(cells[11]) == s["oracle_gap"] and float(cells[12]) == s["train_test_gap"]
 
 
 def test_markdown_numbers_equal_the_json(finished) -> None:
@@ -190,7 +193,8 @@ def test_markdown_numbers_equal_the_json(finished) -> None:
         ]
         assert len(pair_rows) == len(pairs) > 0
         for line, p in zip(pair_rows, pairs, strict=True):
-            assert float(line.split("|")[6]) == p["delta_test_auc"]
+            assert float(line.split("|")[6]) == round(p["delta_test_auc"]["mean"], 4)
+            assert int(line.split("|")[8]) == p["delta_test_auc"]["n"]
 
 
 def test_both_protocols_read_the_same_cells(finished) -> None:
