@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -371,6 +372,28 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_advise(args: argparse.Namespace) -> int:
+    from dlrm_vrgd.advice import advise, render
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        print(f"error: {run_dir} is not a directory", file=sys.stderr)
+        return 2
+    advice = advise(run_dir, args.last)
+    print(json.dumps(advice, indent=2) if args.json else render(advice))
+    return 0
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
 def cmd_show_config(args: argparse.Namespace) -> int:
     import yaml
 
@@ -516,6 +539,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tb.add_argument("dir", metavar="RUN_OR_STUDY_DIR", help="a run directory or a study directory")
     tb.set_defaults(fn=cmd_tensorboard)
+
+    ad = sub.add_parser(
+        "advise",
+        help="the batch size a run's gradient noise supports (B_simple, from its gsnr.jsonl)",
+    )
+    ad.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (finished or running)")
+    ad.add_argument(
+        "--last",
+        type=_fraction,
+        default=0.5,
+        help="judge on the last FRACTION of the steps recorded (default 0.5)",
+    )
+    ad.add_argument("--json", action="store_true", help="print the advice as JSON")
+    ad.set_defaults(fn=cmd_advise)
 
     c = sub.add_parser("config", help="print the resolved config")
     with_config(c, required=False)

@@ -414,6 +414,9 @@ class RunConfig(_Section):
     log_every: Count(1, MAX_STEPS) = 1
     #: Write per-tensor / per-table GSNR summaries to gsnr.jsonl every N steps.
     gsnr_every: Count(1, MAX_STEPS) = 1
+    #: EMA factor of the gradient noise scale's two estimates (DESIGN.md 4.6), updated every
+    #: step: an effective window of (1 + β) / (1 − β) steps (39 at 0.95).
+    noise_scale_beta: Real(ge=0.0, lt=1.0) = 0.95
     seed: Seed = 0
     device: Literal["cpu", "cuda"] = "cpu"
     threads: Count(1, 4096) | None = None

@@ -2,10 +2,12 @@
 
 The trainer treats every dense optimizer alike: ``collect()`` after the backward of each group
 (micro-batch, whose loss is the mean over its own ``B`` rows), then one ``step()`` per global
-batch. :class:`GroupAveraged` gives a stock ``torch.optim`` optimizer that protocol: ``.grad``
-accumulates over the ``k`` local groups, and ``step()`` averages it over all groups of all
-ranks (one all-reduce of the flattened gradients per step) before the inner step, so the update
-is exactly the one the base optimizer would make on the whole global batch.
+batch. :class:`GroupAveraged` gives a stock ``torch.optim`` optimizer that protocol: the ``k``
+local groups' gradients are summed (each moved out of ``.grad`` into the step's sum, so that its
+``|g_d|²`` can be taken for the gradient noise scale, :mod:`dlrm_vrgd.optim.noise_scale`), and
+``step()`` averages them over all groups of all ranks (one all-reduce of the flattened gradients
+per step) before the inner step, so the update is exactly the one the base optimizer would make
+on the whole global batch.
 """
 
 from __future__ import annotations
@@ -18,18 +20,28 @@ import torch.distributed as dist
 from torch import nn
 
 from dlrm_vrgd.config import DenseOptimConfig
+from dlrm_vrgd.optim.noise_scale import GroupSqNorms, NoisePieces, sq_norms
 from dlrm_vrgd.optim.vrgd import VR_OPTIMIZERS, VRLAMB, VRLARS, VRSGD, GroupGSNROptimizer, VRAdam
 
 
 class GroupAveraged:
-    """Wraps ``optimizer`` (any ``torch.optim.Optimizer``) for the group protocol."""
+    """Wraps ``optimizer`` (any ``torch.optim.Optimizer``) for the group protocol. ``names``:
+    the parameters' names, in ``param_groups`` order (for the noise scale's records)."""
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, process_group: dist.ProcessGroup | None = None
+        self,
+        optimizer: torch.optim.Optimizer,
+        process_group: dist.ProcessGroup | None = None,
+        names: list[str] | None = None,
     ) -> None:
         self.optimizer = optimizer
         self.process_group = process_group
         self.k = 0
+        params = self._params()
+        self.names = names or [f"param{i}" for i in range(len(params))]
+        self._sums: dict[torch.Tensor, torch.Tensor] = {}
+        self._group_norms = GroupSqNorms(params)
+        self._noise: NoisePieces | None = None
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -38,8 +50,22 @@ class GroupAveraged:
     def _params(self) -> list[nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
+    @torch.no_grad()
     def collect(self) -> None:
-        """Count one more group; its gradient stays summed into ``p.grad``."""
+        """Fold the group's ``p.grad`` into the step's sums (and its ``|g|²`` into the noise
+        scale's), then clear it: one more group."""
+        params = [p for p in self._params() if p.grad is not None]
+        self._group_norms.add(params, [p.grad for p in params])
+        sums, grads = [], []
+        for p in params:
+            if p in self._sums:
+                sums.append(self._sums[p])
+                grads.append(p.grad)
+            else:
+                self._sums[p] = p.grad  # the first group's gradient becomes the sum
+            p.grad = None
+        if sums:
+            torch._foreach_add_(sums, grads)
         self.k += 1
 
     @torch.no_grad()
@@ -47,30 +73,47 @@ class GroupAveraged:
         if self.k == 0:
             raise RuntimeError("step() called before any collect()")
         params = self._params()
+        for p in params:
+            p.grad = self._sums.pop(p, None)
         k_total = self.k
+        norms = self._group_norms.total
         if self.process_group is not None:
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             grads = [p.grad for p in params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
+            flat = torch.cat([g.reshape(-1) for g in grads] + [norms.to(grads[0].dtype)])
             dist.all_reduce(flat, group=self.process_group)
             offset = 0
             for g in grads:
                 n = g.numel()
                 g.copy_(flat[offset : offset + n].view_as(g))
                 offset += n
+            norms.copy_(flat[offset:])
             k_total *= dist.get_world_size(self.process_group)
+        grad_sq = torch.zeros_like(norms)
+        present = [i for i, p in enumerate(params) if p.grad is not None]
+        if present:
+            at = torch.tensor(present, device=norms.device)
+            grad_sq[at] = sq_norms([params[i].grad for i in present]).to(norms.device)
+        self._noise = NoisePieces.of(self.names, grad_sq, norms, k_total)
         for p in params:
             if p.grad is not None:
                 p.grad.div_(k_total)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._group_norms.reset()
         self.k = 0
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+        self._sums.clear()
+        self._group_norms.reset()
         self.k = 0
+
+    def noise_pieces(self) -> NoisePieces | None:
+        """Per tensor, ``|ḡ|²`` and ``mean_d |g_d|²`` of the last step (DESIGN.md 4.6)."""
+        return self._noise
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
@@ -151,4 +194,4 @@ def build_dense_optimizer(
         raise ValueError(f"unknown dense optimizer {cfg.name!r}")
     for group in inner.param_groups:
         group.setdefault("initial_lr", group["lr"])
-    return GroupAveraged(inner, process_group)
+    return GroupAveraged(inner, process_group, [n for n, _ in named])

@@ -63,6 +63,7 @@ from dlrm_vrgd.optim.gsnr import (
     rowwise_ratio,
     step_ratio_summary,
 )
+from dlrm_vrgd.optim.noise_scale import NoisePieces
 
 Estimator = Literal["step", "ema"]
 Placement = Literal["update", "gradient"]
@@ -379,6 +380,7 @@ class SparseRowwiseOptimizer:
                 for lk in self.lookups
             ]
         self._last_summary: list[dict[str, Any]] = []
+        self._noise: NoisePieces | None = None
 
     def collect(self) -> None:
         """Fold the row gradients captured since the last call in as one more group."""
@@ -412,13 +414,17 @@ class SparseRowwiseOptimizer:
         lr = float(self.param_groups[0]["lr"])
         summary: list[dict[str, Any]] = []
         recorded: list[list[RowStep]] = []
+        noise_names: list[str] = []
+        noise_sums: list[torch.Tensor] = []
         for li, (lookup, accs) in enumerate(zip(self.lookups, self._acc, strict=True)):
             layout = lookup.capture.layout
             per_table: list[RowStep | None] = [None] * len(layout.table_dims)
             entries: list[dict[str, Any]] = [{} for _ in layout.table_dims]
+            # per table: |Σ_d g_d|² and Σ_d |g_d|² over its touched rows (the noise scale's)
+            sums = torch.zeros(2, len(layout.table_dims), dtype=torch.float64, device=lookup.device)
             rows, updates, ratios = [], [], []
             for s, (space, acc) in enumerate(zip(layout.spaces, accs, strict=True)):
-                r, u, ratio = self._step_space(li, lookup, s, space, acc, per_table, entries)
+                r, u, ratio = self._step_space(li, lookup, s, space, acc, per_table, entries, sums)
                 rows.append(r)
                 updates.append(u)
                 ratios.append(ratio)
@@ -426,9 +432,18 @@ class SparseRowwiseOptimizer:
             for name, entry in zip(lookup.table_names, entries, strict=True):
                 summary.append({"table": name, **entry})
             recorded.append(per_table)  # type: ignore[arg-type]
+            noise_names += lookup.table_names
+            noise_sums.append(sums.cpu())
         self._last_summary = summary
         self.last_rows = recorded if self.record_rows else []
+        both = torch.cat(noise_sums, dim=1) if noise_sums else torch.zeros(2, 0)
+        self._noise = NoisePieces.of(noise_names, both[0], both[1], self.k)
         self.k = 0
+
+    def noise_pieces(self) -> NoisePieces | None:
+        """Per table, ``|ḡ|²`` and ``mean_d |g_d|²`` over the last step's touched rows
+        (DESIGN.md 4.6; None before the first step)."""
+        return self._noise
 
     def _apply(
         self,
@@ -493,17 +508,24 @@ class SparseRowwiseOptimizer:
         acc: RowAccumulator,
         per_table: list[RowStep | None],
         entries: list[dict[str, Any]],
+        noise_sums: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Ratio and kernel input of every touched row of one row space — ``ḡ_row`` (``update``
         placement, or no GSNR) or ``r_row · ḡ_row`` (``gradient``) — computed in place in the
         accumulator's buffer (no copy of the ``U x D`` sums): returns ``(global rows, kernel
         input, ratio)`` and fills the per-table telemetry (and, with ``record_rows``, the
         per-table :class:`RowStep`). With CowClip the kernel input is the clipped
-        ``ḡ_row + 2λ·w_row``."""
+        ``ḡ_row + 2λ·w_row``. Adds each table's ``|Σ_d g_d|²`` and ``Σ_d |g_d|²`` over its
+        touched rows to ``noise_sums`` (2 x tables of the lookup)."""
         k = self.k
         rows, grad_sum, sq_sum, n_groups, id_counts = acc.drain()
         table_ix = space.table_index(rows)
         n_tables = len(space.tables)
+        at = torch.tensor(space.tables, device=noise_sums.device)
+        for i, per_row in enumerate((row_sq_norm(grad_sum), sq_sum)):
+            per_space = torch.zeros(n_tables, dtype=torch.float64, device=rows.device)
+            per_space.index_add_(0, table_ix, per_row.double())
+            noise_sums[i].index_add_(0, at, per_space.to(noise_sums.device))
         raw = ratio = torch.ones(rows.numel(), device=grad_sum.device)
         stats: list[dict[str, float]] = [{} for _ in space.tables]
         if self.gsnr:

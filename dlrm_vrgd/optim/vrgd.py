@@ -49,6 +49,7 @@ from torch.optim.adam import adam as adam_update
 from torch.optim.sgd import sgd as sgd_update
 
 from dlrm_vrgd.optim.gsnr import gsnr_ratios, step_ratio_summary
+from dlrm_vrgd.optim.noise_scale import GroupSqNorms, NoisePieces, sq_norms
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class GroupGSNROptimizer(Optimizer):
         self._with_sq = True
         self._stats: list[tuple[str, int, dict[str, float] | None]] = []
         self._warned_single_group = False
+        self._group_norms = GroupSqNorms(p for g in self.param_groups for p in g["params"])
+        self._noise: NoisePieces | None = None
         #: Measure the realised step ratio in the next step (the trainer sets it on the steps
         #: whose GSNR it records; it costs one extra update).
         self.measure_steps = False
@@ -107,6 +110,8 @@ class GroupGSNROptimizer(Optimizer):
             self._with_sq = any(g["gamma"] < 1.0 for g in self.param_groups)
         with_sq = self._with_sq
         fresh, grads, sums, sqs = [], [], [], []
+        with_grad = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        self._group_norms.add(with_grad, [p.grad for p in with_grad])  # the noise scale's Σ|g_d|²
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -149,9 +154,10 @@ class GroupGSNROptimizer(Optimizer):
             for p in params:
                 if p not in store:  # keep every rank's layout identical
                     store[p] = torch.zeros_like(p, dtype=torch.float32)
+        norms = self._group_norms.total
         flat = torch.cat(
             [store[p].reshape(-1) for store in stores for p in params]
-            + [torch.tensor([float(k)], device=params[0].device)]
+            + [norms.to(params[0].device), torch.tensor([float(k)], device=params[0].device)]
         )
         dist.all_reduce(flat, group=self.process_group)
         offset = 0
@@ -160,6 +166,7 @@ class GroupGSNROptimizer(Optimizer):
                 n = p.numel()
                 buffers[p].copy_(flat[offset : offset + n].view_as(p))
                 offset += n
+        norms.copy_(flat[offset : offset + norms.numel()])
         return int(round(float(flat[-1])))
 
     @torch.no_grad()
@@ -177,6 +184,7 @@ class GroupGSNROptimizer(Optimizer):
         if self._k == 0:
             raise RuntimeError("step() called before collect(): no gradient groups")
         k = self._reduce()
+        self._noise = self._noise_pieces(k)
         if k < 2 and not self._warned_single_group:
             logger.warning("VRGD step with %d gradient group(s): GSNR is undefined, ratio = 1", k)
             self._warned_single_group = True
@@ -216,6 +224,7 @@ class GroupGSNROptimizer(Optimizer):
                 self._stats.append((name, p.numel(), st))
         self._sums.clear()
         self._sqs.clear()
+        self._group_norms.reset()
         self._k = 0
         return loss
 
@@ -223,7 +232,26 @@ class GroupGSNROptimizer(Optimizer):
         super().zero_grad(set_to_none)
         self._sums.clear()
         self._sqs.clear()
+        self._group_norms.reset()
         self._k = 0
+
+    def _noise_pieces(self, k: int) -> NoisePieces:
+        """The noise scale's sums of the step (all groups of all ranks), per tensor."""
+        params = self._group_norms.params
+        names: list[str] = []
+        for g in self.param_groups:
+            given = g.get("param_names")
+            names += given or [f"param{len(names) + i}" for i in range(len(g["params"]))]
+        present = [i for i, p in enumerate(params) if p in self._sums]
+        grad_sq = torch.zeros(len(params), device=self._group_norms.total.device)
+        if present:
+            norms = sq_norms([self._sums[params[i]] for i in present])
+            grad_sq[torch.tensor(present, device=grad_sq.device)] = norms.to(grad_sq.device)
+        return NoisePieces.of(names, grad_sq, self._group_norms.total, k)
+
+    def noise_pieces(self) -> NoisePieces | None:
+        """Per tensor, ``|ḡ|²`` and ``mean_d |g_d|²`` of the last step (DESIGN.md 4.6)."""
+        return self._noise
 
     def _update(
         self,

@@ -14,6 +14,9 @@ Tags:
 - ``rows/<the same tag>`` with rows seen (``samples``) as the step, to compare batch sizes,
 - ``gsnr/dense/<tensor>/<field>`` and ``gsnr/table/<table>/<field>`` (ratio, frac_clipped,
   raw_gsnr, multi_group_rows, ...),
+- ``noise_scale/<model|dense|tables>/<field>`` (b_simple, b_simple_raw, g2, s, g2_raw, s_raw),
+  ``noise_scale/tensor/<tensor>/<field>``, ``noise_scale/table/<table>/<field>``, and
+  ``noise_scale/global_batch`` (the line B_simple is read against), ``noise_scale/window_steps``,
 - ``hparams/<figure>``: the final metrics the hparams summary is set against.
 """
 
@@ -34,6 +37,8 @@ _GSNR_SKIP = {"name", "table", "numel"}
 #: gsnr.jsonl list key -> tag group.
 _GSNR_GROUPS = {"dense": "dense", "tables": "table"}
 _SPLIT_PREFIX = {"train": "train_eval"}
+#: The noise scale's aggregate entries.
+_NOISE_SCOPES = ("model", "dense", "tables")
 
 
 def number(value: Any) -> float | None:
@@ -73,10 +78,40 @@ def metric_scalars(record: dict[str, Any]) -> list[Scalar]:
     return out + rows
 
 
+def noise_scalars(noise: dict[str, Any], step: int) -> list[Scalar]:
+    """The series of a record's ``noise_scale`` (DESIGN.md 4.6): ``noise_scale/<scope>/<field>``
+    for the aggregates (model, dense, tables), ``noise_scale/tensor/<name>/<field>`` and
+    ``noise_scale/table/<table>/<field>``, and the run's global batch and the EMA's window."""
+    out: list[Scalar] = []
+    for key in ("global_batch", "window_steps"):
+        value = number(noise.get(key))
+        if value is not None:
+            out.append((f"noise_scale/{key}", value, step))
+    parts: list[tuple[str, Any]] = [(scope, noise.get(scope)) for scope in _NOISE_SCOPES]
+    for key, group, name_key in (("per_tensor", "tensor", "name"), ("per_table", "table", "table")):
+        entries = noise.get(key)
+        if isinstance(entries, list):
+            parts += [
+                (f"{group}/{e.get(name_key)}", e) for e in entries if isinstance(e, dict)
+            ]  # fmt: skip
+    for prefix, entry in parts:
+        if not isinstance(entry, dict):
+            continue
+        for field, raw in entry.items():
+            value = number(raw)
+            if value is not None and field not in _GSNR_SKIP:
+                out.append((f"noise_scale/{prefix}/{field}", value, step))
+    return out
+
+
 def gsnr_scalars(record: dict[str, Any]) -> list[Scalar]:
-    """The series of one ``gsnr.jsonl`` record: every numeric field of every entry."""
+    """The series of one ``gsnr.jsonl`` record: every numeric field of every entry, and the
+    noise scale's (:func:`noise_scalars`)."""
     step = int(record["step"])
     out: list[Scalar] = []
+    noise = record.get("noise_scale")
+    if isinstance(noise, dict):
+        out += noise_scalars(noise, step)
     for key, entries in record.items():
         if not isinstance(entries, list):
             continue

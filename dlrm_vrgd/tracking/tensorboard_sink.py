@@ -58,7 +58,8 @@ class EventFile:
             self._writer.write_event(event)
 
     def layout(self) -> None:
-        """Charts that put AUC beside the oracle's, per split (TensorBoard's Custom Scalars)."""
+        """Charts that put AUC beside the oracle's, per split, and the gradient noise scale
+        beside the run's global batch (TensorBoard's Custom Scalars)."""
         from tensorboardX.summary import custom_scalars
 
         charts = {
@@ -70,6 +71,12 @@ class EventFile:
                 ],
             }
             for split in ("val", "test")
+        }
+        charts["noise scale"] = {
+            "B_simple vs the global batch G": [
+                "Multiline",
+                ["^noise_scale/(model|dense|tables)/b_simple$", "^noise_scale/global_batch$"],
+            ],
         }
         self._summary(custom_scalars(charts), 0, time.time())
 

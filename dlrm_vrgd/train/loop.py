@@ -23,11 +23,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dlrm_vrgd.advice import advise
 from dlrm_vrgd.config import TrainConfig
 from dlrm_vrgd.data import DataSplits, RowSource, build_splits
 from dlrm_vrgd.data.batch import Batch, TrainStream
 from dlrm_vrgd.model import build_model, table_specs
 from dlrm_vrgd.optim.dense import build_dense_optimizer
+from dlrm_vrgd.optim.noise_scale import NoiseScale
 from dlrm_vrgd.optim.schedule import batch_scale, lr_factor
 from dlrm_vrgd.optim.sparse import CowClip, SparseRowwiseOptimizer
 from dlrm_vrgd.optim.vrgd import GroupGSNROptimizer
@@ -54,6 +56,7 @@ EVAL_CACHE_ROWS = 250_000
 #: Config sections a resumed run may change (how long and how often, not what is trained).
 RESUMABLE_CHANGES = {
     "run.gsnr_every",
+    "run.noise_scale_beta",
     "run.steps",
     "run.epochs",
     "run.eval_every",
@@ -177,6 +180,8 @@ class Trainer:
             ),
             groups_per_collect=self.env.world_size,
         )
+        #: The gradient noise scale (DESIGN.md 4.6): groups of B rows, updated every step.
+        self.noise = NoiseScale(run.micro_batch, run.noise_scale_beta)
         self.step = 0
         self.best_val: dict[str, Any] | None = None
         self._eval_cache: dict[tuple[int, int | None], list[EvalBatch]] = {}
@@ -225,6 +230,7 @@ class Trainer:
             )
         self.dense_opt.step()
         self.sparse_opt.step()
+        self.noise.update(self.dense_opt.noise_pieces(), self.sparse_opt.noise_pieces())
         self.check_finite(step + 1, tables=False)
         seconds = time.perf_counter() - t0
         self.step += 1
@@ -263,9 +269,21 @@ class Trainer:
 
     def gsnr_record(self) -> dict[str, Any]:
         """Per-tensor (dense) and per-table (sparse, from every rank) GSNR figures of the last
-        step. A collective when distributed: every rank must call it."""
-        tables = [t for part in gather_objects(self.sparse_opt.summary(), self.env) for t in part]
-        return {"step": self.step, "dense": self.dense_opt.gsnr_summary(), "tables": tables}
+        step, and the gradient noise scale (``noise_scale``, :meth:`NoiseScale.record`). A
+        collective when distributed: every rank must call it."""
+        parts = gather_objects((self.sparse_opt.summary(), self.noise.table_rows()), self.env)
+        tables = [t for summary, _ in parts for t in summary]
+        noise = self.noise.record(
+            self.cfg.run.global_batch,
+            self.noise.dense_rows(),
+            [row for _, rows in parts for row in rows],
+        )
+        return {
+            "step": self.step,
+            "dense": self.dense_opt.gsnr_summary(),
+            "tables": tables,
+            "noise_scale": noise,
+        }
 
     # ------------------------------------------------------------------------ eval
     def evaluate(self, source: RowSource, limit: int | None = None) -> dict[str, float]:
@@ -724,6 +742,8 @@ def _write_result(
             },
             "config": cfg.to_dict(),
             "versions": _versions(),
+            # the batch-size advice from gsnr.jsonl's noise scale (dlrm-vrgd advise)
+            "noise_scale": advise(out),
             **extra,
         },
     )

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
+from dlrm_vrgd.advice import advise_records, noise_records
 from dlrm_vrgd.config import CriteoData, TrainConfig
 from dlrm_vrgd.redact import redact
 from dlrm_vrgd.resources import ResourceError, check_fits, check_study_fits
@@ -245,6 +246,19 @@ class JobService:
     ) -> Series:
         self.get(job_id)
         return self.store.series(job_id, stream, after, kind, split, every, max_points, limit)
+
+    def advice(self, job_id: str, last: float) -> dict[str, Any]:
+        """``dlrm-vrgd advise`` of a train job's run directory, finished or running (its
+        gsnr.jsonl as it stands; no records yet: the advice says so)."""
+        job = self.get(job_id)
+        if job.kind != "train":
+            raise ArtifactNotFound(f"job {job_id} is a {job.kind} job: advice is per train run")
+        try:
+            path = jobfiles.resolve_artifact(self.files(job_id), jobfiles.GSNR)
+        except ArtifactNotFound:
+            return advise_records([], last)
+        with path.open("rb") as f:
+            return advise_records(noise_records(f), last)
 
     # ---------------------------------------------------------------------------- files
     def result(self, job_id: str) -> dict[str, Any]:

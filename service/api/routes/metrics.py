@@ -1,4 +1,5 @@
-"""``/jobs/{id}/metrics`` and ``/jobs/{id}/gsnr``: stored series, paged and downsampled.
+"""``/jobs/{id}/metrics`` and ``/jobs/{id}/gsnr``: stored series, paged and downsampled;
+``/jobs/{id}/advice``: the batch-size advice from the run's gradient noise scale.
 
 Records are stored as JSON text and served as they are (no re-encoding), which keeps polling
 cheap.
@@ -7,7 +8,7 @@ cheap.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 
@@ -70,7 +71,25 @@ def get_gsnr(
     max_points: MaxPoints = None,
     limit: Limit = 10_000,
 ) -> Response:
-    """GSNR records: per step, ``dense`` (per tensor: raw_gsnr, ratio, frac_clipped...) and
-    ``tables`` (per table: touched_rows, multi_group_rows, ratio, frac_clipped...)."""
+    """GSNR records: per step, ``dense`` (per tensor: raw_gsnr, ratio, frac_clipped...),
+    ``tables`` (per table: touched_rows, multi_group_rows, ratio, frac_clipped...) and
+    ``noise_scale`` (the gradient noise scale B_simple, smoothed and raw, with |G|² and S, for
+    the whole model, the dense layers, the tables, per tensor and per table)."""
     series = service.series(job_id, "gsnr", after, None, None, every, max_points, limit)
     return _page(job_id, series)
+
+
+@router.get("/{job_id}/advice", response_model=dict[str, Any], responses={**NOT_FOUND})
+def get_advice(
+    job_id: JobId,
+    service: ServiceDep,
+    last: Annotated[
+        float,
+        Query(gt=0.0, le=1.0, description="Judge on the last fraction of the steps recorded"),
+    ] = 0.5,
+) -> dict[str, Any]:
+    """``dlrm-vrgd advise`` for a train job, finished or still running: B_simple over the
+    last part of training (median, p10, p90) for the model, its dense layers and its tables,
+    where the job's global batch G stands relative to it, and McCandlish et al.'s trade-off
+    at G/4 … 4G (the paper's model, not a promise). 404 for a job that is not a train job."""
+    return service.advice(job_id, last)

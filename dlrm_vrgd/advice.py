@@ -1,0 +1,188 @@
+"""Batch-size advice from a run's gradient noise scale (DESIGN.md 4.6): ``dlrm-vrgd advise``,
+the ``noise_scale`` field of ``result.json`` and the service's ``GET /jobs/{id}/advice``.
+
+It reads the ``noise_scale`` records of ``gsnr.jsonl`` (finished or still running), keeps those
+of the last part of training (``last`` = the fraction of the steps recorded so far, 0.5 by
+default: the noise scale grows as the loss falls, and the late value is the one that bounds
+the batch), and for each scope — the whole model as one vector (``model``), the dense layers
+(``dense``), the tables (``tables``) — reports the median of the smoothed ``B_simple`` with its
+10th and 90th percentiles over those records.
+
+Against it the run's own global batch ``G``, and McCandlish et al.'s (2018, eq. 2.11-2.12)
+trade-off for a batch ``B`` at noise scale ``B_noise`` (taken as ``B_simple``): to reach a
+given loss, steps ``S/S_min = 1 + B_noise/B`` and rows processed ``E/E_min = 1 + B/B_noise``.
+That is the paper's model of SGD (it assumes, among others, the learning rate tuned for each
+``B``, a well-conditioned Hessian for ``B_simple ≈ B_noise``), not a promise about this model:
+the study (``dlrm-vrgd study``) measures the AUC at each batch.
+
+The file is data, not code: a line that is not a well-formed record is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+SCOPES = ("model", "dense", "tables")
+#: Batches of the trade-off table, as multiples of the run's global batch.
+MULTIPLES = (0.25, 0.5, 1.0, 2.0, 4.0)
+MODEL_NOTE = (
+    "McCandlish et al. (2018, arXiv 1812.06162) model SGD's cost to reach a given loss at "
+    "batch B as steps S = S_min (1 + B_noise/B) and rows E = E_min (1 + B/B_noise), with "
+    "B_noise estimated here by B_simple; it assumes a learning rate tuned for each B and a "
+    "well-conditioned curvature. A guide for where to look, not a promise of AUC: measure that "
+    "with `dlrm-vrgd study`."
+)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def noise_records(lines: Iterable[bytes | str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(step, noise_scale)`` of each well-formed ``gsnr.jsonl`` line that carries one."""
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            continue  # a torn last line, or not JSON
+        if not isinstance(record, dict):
+            continue
+        step, noise = record.get("step"), record.get("noise_scale")
+        if isinstance(step, int) and not isinstance(step, bool) and isinstance(noise, dict):
+            yield step, noise
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of a non-empty sorted list."""
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (pos - lo) * (sorted_values[hi] - sorted_values[lo])
+
+
+def tradeoff(global_batch: int, b_noise: float) -> list[dict[str, float]]:
+    """The paper's model at ``G/4 … 4G``: steps and rows relative to their minima and to G."""
+    at_g = (1 + b_noise / global_batch, 1 + global_batch / b_noise)
+    out = []
+    for m in MULTIPLES:
+        batch = m * global_batch
+        steps, rows = 1 + b_noise / batch, 1 + batch / b_noise
+        out.append(
+            {
+                "batch": batch,
+                "batch_over_g": m,
+                "steps_over_min": steps,
+                "rows_over_min": rows,
+                "steps_vs_g": steps / at_g[0],
+                "rows_vs_g": rows / at_g[1],
+            }
+        )
+    return out
+
+
+def advise_records(
+    records: Iterable[tuple[int, dict[str, Any]]], last: float = 0.5
+) -> dict[str, Any]:
+    """The advice (see the module doc) from ``(step, noise_scale)`` records."""
+    if not 0.0 < last <= 1.0:
+        raise ValueError(f"Invalid last fraction: {last} (must be in (0, 1])")
+    rows = list(records)
+    out: dict[str, Any] = {"last_fraction": last, "note": MODEL_NOTE}
+    if not rows:
+        return {**out, "reason": "no noise_scale records in gsnr.jsonl yet"}
+    final_step, final = max(rows, key=lambda r: r[0])
+    g = final.get("global_batch")
+    global_batch = int(g) if isinstance(g, int) and not isinstance(g, bool) and g > 0 else None
+    out.update(
+        global_batch=global_batch,
+        k=final.get("k"),
+        rows_per_group=final.get("rows_per_group"),
+        last_step=final_step,
+    )
+    if isinstance(final.get("reason"), str) and "dense" not in final:
+        return {**out, "reason": final["reason"]}
+    start = final_step * (1.0 - last)
+    window = [(s, r) for s, r in rows if s > start or s == final_step]
+    out["steps"] = [min(s for s, _ in window), final_step]
+    scopes: dict[str, Any] = {}
+    for scope in SCOPES:
+        values = sorted(
+            v
+            for _, r in window
+            if isinstance(r.get(scope), dict)
+            and (v := _number(r[scope].get("b_simple"))) is not None
+        )
+        if not values:
+            continue
+        median = quantile(values, 0.5)
+        entry: dict[str, Any] = {
+            "b_simple": median,
+            "p10": quantile(values, 0.1),
+            "p90": quantile(values, 0.9),
+            "records": len(values),
+            "records_without_estimate": len(window) - len(values),
+        }
+        if global_batch is not None and median > 0:
+            entry["g_over_b_simple"] = global_batch / median
+            entry["tradeoff"] = tradeoff(global_batch, median)
+        scopes[scope] = entry
+    out["scopes"] = scopes
+    if not scopes:
+        out["reason"] = "no record of the last part of training has a B_simple (|G|² <= 0)"
+    return out
+
+
+def advise(run_dir: str | Path, last: float = 0.5) -> dict[str, Any]:
+    """The advice of the run directory ``run_dir`` (its ``gsnr.jsonl``, read line by line)."""
+    path = Path(run_dir) / "gsnr.jsonl"
+    if not path.is_file():
+        return advise_records([], last)
+    with path.open("rb") as f:
+        return advise_records(noise_records(f), last)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def render(advice: dict[str, Any]) -> str:
+    """The advice as text for people (the CLI prints it)."""
+    lines = []
+    if "reason" in advice and not advice.get("scopes"):
+        return f"no noise-scale estimate: {advice['reason']}"
+    g = advice.get("global_batch")
+    lo, hi = advice["steps"]
+    lines.append(
+        f"gradient noise scale B_simple over steps {lo}-{hi} (the last "
+        f"{advice['last_fraction']:.0%} of the steps recorded), k = {advice.get('k')} groups of "
+        f"{advice.get('rows_per_group')} rows; this run's global batch G = {g}"
+    )
+    for scope, e in advice["scopes"].items():
+        where = ""
+        if "g_over_b_simple" in e:
+            ratio = e["g_over_b_simple"]
+            side = "below" if ratio < 1 else "above"
+            where = f"; G is {ratio:.2g} x B_simple ({side} it)"
+        lines.append(
+            f"  {scope:<7} B_simple {_fmt(e['b_simple'])} (p10 {_fmt(e['p10'])}, p90 "
+            f"{_fmt(e['p90'])}, {e['records']} records){where}"
+        )
+    head = next((s for s in SCOPES if "tradeoff" in advice["scopes"].get(s, {})), None)
+    if head is not None:
+        lines.append(f"the paper's model at B_noise = B_simple ({head}):")
+        lines.append("  batch         steps/S_min  rows/E_min  steps vs G  rows vs G")
+        for t in advice["scopes"][head]["tradeoff"]:
+            label = f"{_fmt(t['batch'])} ({t['batch_over_g']:g} G)"
+            lines.append(
+                f"  {label:<13} {t['steps_over_min']:>11.2f} {t['rows_over_min']:>11.2f}"
+                f" {t['steps_vs_g']:>11.2f} {t['rows_vs_g']:>10.2f}"
+            )
+    lines.append(advice["note"])
+    return "\n".join(lines)
