@@ -87,8 +87,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _launch_torchrun(cfg, args)
     if distributed.under_torchrun():
         return _train_rank(cfg, args)
+    from dlrm_vrgd.train import stop
     from dlrm_vrgd.train.loop import train
 
+    stop.install(cooperative=False)  # SIGTERM ends the run as Ctrl-C does (resumable)
     progress = ProgressLine()
     try:
         result = train(
@@ -101,12 +103,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _launch_torchrun(cfg: TrainConfig, args: argparse.Namespace) -> int:
-    """Check what can be checked once, then become torchrun running every rank."""
+    """Check what can be checked once, then run torchrun (every rank) and wait for it
+    (:mod:`dlrm_vrgd.train.stop`: Ctrl-C and SIGTERM reach the ranks, which stop together)."""
     import os
+    import secrets
 
     from dlrm_vrgd.data import build_splits
     from dlrm_vrgd.data.batch import TrainStream
-    from dlrm_vrgd.train import distributed
+    from dlrm_vrgd.train import distributed, stop
     from dlrm_vrgd.train.loop import check_resume, finished_run, stored_result
 
     check_resume(Path(args.out), cfg, args.resume)
@@ -123,10 +127,25 @@ def _launch_torchrun(cfg: TrainConfig, args: argparse.Namespace) -> int:
     cmd = distributed.torchrun_command(cfg, argv)
     # the cores are shared by the ranks of this node (torchrun would otherwise pick 1 and say so)
     threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // cfg.run.nproc_per_node)
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    marker = secrets.token_hex(8)
+    env = {"OMP_NUM_THREADS": str(threads), **os.environ, stop.LAUNCH_ENV: marker}
     print(f"launching {cfg.run.world_size} ranks: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
-    os.execv(cmd[0], cmd)
-    return 1  # not reached
+    code = stop.launch_and_forward(cmd, env, marker)
+    status = _read_status(Path(args.out))
+    if status.get("state") == "interrupted":
+        return 130  # rank 0 said where it stopped and how to resume
+    return code if code >= 0 else 128 - code
+
+
+def _read_status(out: Path) -> dict[str, Any]:
+    """The run's status.json (written when a run did not finish), or {}."""
+    import json
+
+    try:
+        status = json.loads((out / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return status if isinstance(status, dict) else {}
 
 
 def _train_rank(cfg: TrainConfig, args: argparse.Namespace) -> int:
@@ -134,10 +153,11 @@ def _train_rank(cfg: TrainConfig, args: argparse.Namespace) -> int:
     import torch.distributed as dist
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from dlrm_vrgd.train import distributed
-    from dlrm_vrgd.train.loop import train
+    from dlrm_vrgd.train import distributed, stop
+    from dlrm_vrgd.train.loop import RunInterrupted, train
 
     distributed.die_with_parent()  # a SIGKILLed launcher (torchrun) takes its ranks with it
+    stop.install(cooperative=True)  # SIGINT / SIGTERM: every rank stops after the same step
 
     @record
     def run() -> int:
@@ -150,6 +170,14 @@ def _train_rank(cfg: TrainConfig, args: argparse.Namespace) -> int:
             )  # fmt: skip
             if env.is_main:
                 _print_result(result)
+        except RunInterrupted as err:
+            # one message (rank 0's) and a clean exit, so torchrun reports no failure; the
+            # launcher exits 130 from status.json
+            if env.is_main:
+                for cb in callbacks:
+                    cb.on_end(None)
+                print(f"\n{err}", file=sys.stderr, flush=True)
+            return 0
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()

@@ -29,3 +29,24 @@ def run_ranks(fn: Callable[..., Any], world: int, tmp: Path, *args: Any) -> list
     store = tmp / "store"
     mp.spawn(_entry, args=(fn, world, str(store), str(tmp), args), nprocs=world, join=True)
     return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry.name))
+    return out
+
+
+def rank_pids(launcher: int) -> list[int]:
+    """The ranks of a ``dlrm-vrgd train`` launcher: the children of its child, torchrun."""
+    return sorted(pid for child in children(launcher) for pid in children(child))
+

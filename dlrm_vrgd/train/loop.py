@@ -35,7 +35,7 @@ from dlrm_vrgd.optim.sparse import CowClip, SparseRowwiseOptimizer
 from dlrm_vrgd.optim.vrgd import GroupGSNROptimizer
 from dlrm_vrgd.tracking import run_sinks
 from dlrm_vrgd.train import checkpoint as ckpt
-from dlrm_vrgd.train import rundir
+from dlrm_vrgd.train import rundir, stop
 from dlrm_vrgd.train.distributed import (
     DistEnv,
     all_mean,
@@ -612,6 +612,8 @@ def train(
                 assert out is not None
                 trainer.save_checkpoint(out)
                 saved_step, saved_at = trainer.step, time.monotonic()
+            if env.distributed and (sig := stop.requested(True)) is not None:
+                raise KeyboardInterrupt(sig)  # every rank, after this same step
             if stopped_early is not None:
                 logger.info(
                     "early stop at step %d: no better validation AUC in %d evaluations since "
@@ -641,7 +643,8 @@ def train(
             trainer.save_checkpoint(out)
     except KeyboardInterrupt as err:
         hint = _resume_hint(out) if out is not None else "it wrote no run directory"
-        message = f"interrupted (SIGINT) at step {trainer.step}; {hint}"
+        sig = str(err) if str(err).startswith("SIG") else "SIGINT"
+        message = f"interrupted ({sig}) at step {trainer.step}; {hint}"
         if writing:  # tell readers (the service) how the run ended
             rundir.atomic_write_json(
                 out / rundir.STATUS,  # type: ignore[operator]

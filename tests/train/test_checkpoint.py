@@ -19,7 +19,7 @@ ARGS = (
     "run.eval_every=2",
     "optim.schedule.decay=cosine",
     "optim.schedule.warmup_steps=2",
-    "run.keep_best_checkpoint=false",  # the exact checkpoint sets below (best: test_best_checkpoint)
+    "run.keep_best_checkpoint=false",  # exact checkpoint sets below (see test_best_checkpoint)
 )
 
 

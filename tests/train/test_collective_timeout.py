@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from .test_distributed import _children, losses, write_config
+from ..dist_utils import rank_pids
+from .test_distributed import losses, write_config
 
 
 def test_a_frozen_rank_fails_the_job_after_the_collective_timeout(tmp_path: Path) -> None:
@@ -32,7 +33,7 @@ def test_a_frozen_rank_fails_the_job_after_the_collective_timeout(tmp_path: Path
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             time.sleep(0.2)
         assert losses(out), "training never started"
-        workers = _children(proc.pid)
+        workers = rank_pids(proc.pid)
         assert len(workers) == 2
         os.kill(workers[1], signal.SIGSTOP)
         t0 = time.monotonic()

@@ -17,6 +17,7 @@ import yaml
 from dlrm_vrgd.train.rundir import read_jsonl
 
 from ..conftest import tiny_config_dict
+from ..dist_utils import rank_pids
 
 OPTIM = {
     "dense": {"name": "vradam", "lr": 0.01, "gamma": 0.3},
@@ -142,14 +143,6 @@ def test_sharded_checkpoint_resumes_on_two_ranks_exactly(runs: dict[str, Path]) 
     assert_same_model(runs["two"], part, 6)
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        out += [int(c) for c in text]
-    return out
-
-
 def test_a_dying_rank_fails_the_job_fast(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "long.yaml", 2, steps=100_000, checkpoint_every=0)
     out = tmp_path / "long"
@@ -166,7 +159,7 @@ def test_a_dying_rank_fails_the_job_fast(tmp_path: Path) -> None:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             time.sleep(0.2)
         assert losses(out), "training never started"
-        workers = _children(proc.pid)  # the CLI became torchrun; its children are the ranks
+        workers = rank_pids(proc.pid)  # the launcher's child is torchrun, whose are the ranks
         assert len(workers) == 2
         os.kill(workers[1], signal.SIGKILL)
         t0 = time.monotonic()

@@ -1,0 +1,116 @@
+"""Stopping a run on Ctrl-C (SIGINT) or SIGTERM so that it can be resumed.
+
+One process: the signal raises :class:`KeyboardInterrupt` where the run is (as Python's own
+SIGINT handler does), and the loop records ``status.json: interrupted``.
+
+Several ranks: a rank interrupted mid-collective would leave the others waiting in it (or
+failing on a closed connection), so the signal only *requests* a stop; at the end of each
+step the ranks agree (one all-reduce of a flag) and all of them stop after the same step.
+The ``dlrm-vrgd train`` launcher runs torchrun in a session of its own, so a terminal's Ctrl-C
+reaches the launcher alone; it forwards the signal to the ranks (a second one kills them at
+once) and exits 130 when the run says it was interrupted (:func:`launch_and_forward`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+#: Marks the processes of one launch (torchrun and its ranks) in their environment.
+LAUNCH_ENV = "DLRM_VRGD_LAUNCH"
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_requested: list[int] = []  # the signals this rank received, while cooperative
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def _raise(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal_name(signum))
+
+
+def _request(signum: int, frame: Any) -> None:
+    if not _requested:
+        logger.info("%s: stopping after this step", signal_name(signum))
+    _requested.append(signum)
+
+
+def install(cooperative: bool) -> None:
+    """SIGINT and SIGTERM stop the run: at once (one process) or after the step all ranks
+    agree on (``cooperative``, several ranks)."""
+    _requested.clear()
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, _request if cooperative else _raise)
+
+
+def requested(distributed: bool) -> str | None:
+    """The signal's name if any rank was asked to stop (a collective when ``distributed``:
+    every rank calls it after every step), else None."""
+    if not distributed:
+        return signal_name(_requested[0]) if _requested else None
+    flag = torch.tensor([_requested[0] if _requested else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return signal_name(int(flag[0])) if int(flag[0]) else None
+
+
+# ----------------------------------------------------------------------------- the launcher
+def _pdeathsig() -> None:  # in the child, before exec: die with the launcher, even SIGKILLed
+    from dlrm_vrgd.train.distributed import die_with_parent
+
+    die_with_parent()
+
+
+def ranks_of(marker: str) -> list[int]:
+    """Pids of the ranks of one launch: processes with ``LAUNCH_ENV=marker`` and torchrun's
+    ``LOCAL_RANK`` in their environment (torchrun itself has no LOCAL_RANK)."""
+    tag, local = f"{LAUNCH_ENV}={marker}".encode(), b"LOCAL_RANK="
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone, or not ours
+            continue
+        if tag in environ and any(v.startswith(local) for v in environ):
+            found.append(int(entry.name))
+    return found
+
+
+def launch_and_forward(cmd: list[str], env: dict[str, str], marker: str) -> int:
+    """Run torchrun (``cmd``) in a session of its own and wait for it, forwarding SIGINT and
+    SIGTERM to its ranks (the second signal SIGKILLs them and torchrun); torchrun's exit
+    status. The ranks die with torchrun, and torchrun with this process (PR_SET_PDEATHSIG)."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_pdeathsig)
+    seen = []
+
+    def forward(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        sig = signum if len(seen) == 1 else signal.SIGKILL
+        for pid in ranks_of(marker):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if len(seen) > 1:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in _STOP_SIGNALS}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
