@@ -371,6 +371,8 @@ def cmd_score(args: argparse.Namespace) -> int:
         metrics_path=args.metrics,
         progress=not args.no_progress,
         on_progress=progress,
+        days=_day_list(args.days) if args.days else None,
+        split=args.split,
     )
     if record is not None:
         rundir.atomic_write_json(
@@ -383,10 +385,27 @@ def cmd_score(args: argparse.Namespace) -> int:
                 "predictions": str(result.out),
                 "metrics": result.metrics,
                 "model": str(Path(args.model).absolute()),
+                "training_days": result.training_days,
             },
         )
+    if result.training_days:
+        print(
+            "warning: scored days the model trained on (" + ", ".join(result.training_days)
+            + "): their AUC overstates it; --split test scores the rows it was tested on",
+            file=sys.stderr,
+        )  # fmt: skip
     print("\n".join(summary_lines(result)))
     return 0
+
+
+def _day_list(text: str) -> list[int]:
+    try:
+        days = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--days {text!r}: expected day numbers, e.g. 5 or 5,6") from None
+    if any(d < 0 for d in days) or len(set(days)) != len(days):
+        raise ValueError(f"--days {text!r}: day numbers are distinct and >= 0")
+    return days
 
 
 def cmd_tensorboard(args: argparse.Namespace) -> int:
@@ -539,7 +558,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="raw files (TSV/CSV, gzip), directories of them, or preprocessed directories",
     )
     sc.add_argument("--out", required=True, help="predictions (.csv, or .parquet / .pq)")
-    sc.add_argument("--output-format", choices=["csv", "parquet"], help="default: from --out")
+    sc.add_argument(
+        "--output-format",
+        choices=["csv", "parquet", "kaggle"],
+        help="default: from --out; kaggle: a submission, Id,Predicted (Kaggle CSV inputs)",
+    )
+    sc.add_argument(
+        "--days", metavar="N[,N...]", help="of a preprocessed directory, score only these days"
+    )
+    sc.add_argument(
+        "--split",
+        choices=["train", "val", "test"],
+        help="of a preprocessed directory, score the rows the model's config used as this split",
+    )
     sc.add_argument("--format", choices=["auto", "tsv", "csv"], default="auto", help="inputs")
     sc.add_argument("--labels", choices=["auto", "yes", "no"], default="auto")
     sc.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows, count them")

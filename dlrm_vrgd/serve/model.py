@@ -161,6 +161,15 @@ def _open_regular(path: Path) -> int:
     return fd
 
 
+def read_training_config(model_dir: str | Path) -> dict[str, Any]:
+    """The training run's config (``config.json``) of a model directory, read as every model
+    file is (no links, bounded size); verify the manifest first (:func:`read_manifest`)."""
+    config = _read_json(Path(model_dir) / CONFIG)
+    if not isinstance(config, dict):
+        raise ModelError(f"{Path(model_dir) / CONFIG}: not a JSON object")
+    return config
+
+
 def _read_json(path: Path) -> Any:
     fd = _open_regular(path)
     with os.fdopen(fd, "rb") as f:

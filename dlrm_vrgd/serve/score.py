@@ -64,7 +64,9 @@ from dlrm_vrgd.train.rundir import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
-OutputFormat = Literal["csv", "parquet"]
+OutputFormat = Literal["csv", "parquet", "kaggle"]
+#: The splits of a preprocessed directory as the model's training config cut it.
+Split = Literal["train", "val", "test"]
 _BAD_ROW_EXAMPLES = 20
 _EPS = 1e-7  # probability clamp of the logloss (as dlrm_vrgd.metrics)
 _AUC_BITS = 20  # histogram bins: the top 20 bits of the probability's float32 pattern
@@ -134,12 +136,15 @@ class _Output:
     def __init__(self, path: Path, fmt: OutputFormat, with_id: bool, with_label: bool) -> None:
         self.path = path
         self.tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+        self.kaggle = fmt == "kaggle"  # a Kaggle submission: Id,Predicted and nothing else
         fields = [pa.field("file", pa.string()), pa.field("line", pa.int64())]
         if with_id:
             fields.append(pa.field("Id", pa.string()))
         if with_label:
             fields.append(pa.field("label", pa.int8()))
         fields.append(pa.field("probability", pa.float32()))
+        if self.kaggle:
+            fields = [pa.field("Id", pa.string()), pa.field("Predicted", pa.float32())]
         self.schema = pa.schema(fields)
         self.with_id, self.with_label = with_id, with_label
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,6 +163,12 @@ class _Output:
         probs: np.ndarray,
     ) -> None:
         n = len(probs)
+        if self.kaggle:
+            if ids is None:
+                raise CriteoFormatError(f"{file}: no Id column for a Kaggle submission")
+            batch = [ids, pa.array(probs, type=pa.float32())]
+            self._writer.write_batch(pa.record_batch(batch, schema=self.schema))
+            return
         cols: list[pa.Array] = [
             pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), pa.array([file])).cast(
                 pa.string()
@@ -198,6 +209,8 @@ class _Raw:
 class _Days:
     path: Path
     manifest: dict[str, Any]
+    #: ``(day, start, stop)`` row ranges to score (None: every day whole).
+    segments: list[tuple[int, int, int]] | None = None
 
 
 def _is_days(path: Path) -> bool:
@@ -285,6 +298,8 @@ class ScoreResult:
     metrics_path: Path | None
     outside_ids: int
     bad_row_examples: list[dict[str, Any]] = field(default_factory=list)
+    #: Scored days the model trained on (``DIR/day_N``): their metrics overstate it.
+    training_days: list[str] = field(default_factory=list)
 
     @property
     def rows_per_second(self) -> float:
@@ -314,9 +329,14 @@ def score(
     metrics_path: str | Path | None = None,
     progress: bool = True,
     on_progress: Callable[[int, float, float], None] | None = None,
+    days: Sequence[int] | None = None,
+    split: Split | None = None,
 ) -> ScoreResult:
     """Score ``inputs`` with the model directory ``model_dir`` into ``out`` (module docstring).
 
+    Preprocessed inputs score every day, or only ``days``, or the rows of ``split`` as the
+    model's training config cut them (``test``: the rows its final test AUC was measured on);
+    scoring days the model trained on logs a warning (and ``ScoreResult.training_days``).
     ``on_progress(rows, seconds, fraction of the input read)`` is called after every written
     block (for services)."""
     t0 = time.perf_counter()
@@ -325,12 +345,20 @@ def score(
         raise FileExistsError(f"{out} exists: pass --overwrite or another --out")
     if batch_rows < 1:
         raise ValueError("--batch-rows must be >= 1")
+    if days is not None and split is not None:
+        raise ValueError("--days and --split pick rows two ways: pass one")
     model, layout, vocab = m.load_scoring(model_dir, device)
     mapper = FeatureMapper(layout, vocab)
     sources = resolve_inputs(inputs, input_format, labels, block_bytes)
+    if (days is not None or split is not None) and not any(isinstance(s, _Days) for s in sources):
+        raise ValueError("--days and --split choose days of a preprocessed directory: none given")
+    config = m.read_training_config(model_dir) if any(isinstance(s, _Days) for s in sources) else {}
+    training_days: list[str] = []
     for src in sources:
         if isinstance(src, _Days):
             mapper.check_days(src.manifest, str(src.path))
+            trained = select_rows(src, config, days, split)
+            training_days += [f"{src.path}/day_{d}" for d in trained]
         elif not layout.raw_rows:
             why = (
                 "it was trained on synthetic data"
@@ -338,7 +366,18 @@ def score(
                 else "its frequency-threshold vocabulary was not saved by preprocess"
             )
             raise FeatureError(f"{src.path}: the model cannot map raw Criteo rows ({why})")
+    if training_days:
+        logger.warning(
+            "scoring days the model trained on (%s): their AUC overstates the model's; "
+            "--split test scores the rows it was tested on",
+            ", ".join(training_days),
+        )
     with_id = any(isinstance(s, _Raw) and s.layout.has_id for s in sources)
+    if fmt == "kaggle" and not all(isinstance(s, _Raw) and s.layout.has_id for s in sources):
+        raise ValueError(
+            "--output-format kaggle writes Id,Predicted: every input must be a Kaggle CSV with "
+            "an Id column"
+        )
     with_label = any(
         (isinstance(s, _Raw) and s.layout.labeled)
         or (isinstance(s, _Days) and any(d["labeled"] for d in s.manifest["days"]))
@@ -379,7 +418,7 @@ def score(
         logger.warning("skipped %d malformed rows", state.bad_rows)
     seconds = time.perf_counter() - t0
     return ScoreResult(out, state.rows, seconds, state.bad_rows, result_metrics, mpath,
-                       mapper.outside, state.bad_examples)  # fmt: skip
+                       mapper.outside, state.bad_examples, training_days)  # fmt: skip
 
 
 class _Progress:
@@ -395,6 +434,8 @@ class _Progress:
         for s in sources:
             if isinstance(s, _Raw):
                 total += s.path.stat().st_size
+            elif s.segments is not None:
+                total += sum(b - a for _, a, b in s.segments) * _DAY_ROW_BYTES
             else:
                 total += sum(d["rows"] for d in s.manifest["days"]) * _DAY_ROW_BYTES
         self.total = max(total, 1)
@@ -505,15 +546,89 @@ def _score_raw(
             raise
 
 
-def _iter_days(src: _Days, mapper: FeatureMapper) -> Iterator[tuple[str, Any]]:
+def _iter_days(src: _Days, mapper: FeatureMapper) -> Iterator[tuple[str, Any, int, int]]:
+    """``(name, day, start, stop)`` of each row range of ``src`` to score."""
     from dlrm_vrgd.data.criteo import CriteoDataError, CriteoDays
 
     try:
         store = CriteoDays(src.path)
     except CriteoDataError as err:
         raise FeatureError(str(err)) from None
-    for day in store.days:
-        yield f"{src.path}/day_{day.index}", day
+    by_index = {d.index: d for d in store.days}
+    segments = src.segments or [(d.index, 0, d.rows) for d in store.days]
+    for index, start, stop in segments:
+        yield f"{src.path}/day_{index}", by_index[index], start, stop
+
+
+def _days_of(src: _Days) -> dict[int, int]:
+    """Day index -> rows of a preprocessed directory (its manifest, checked)."""
+    from dlrm_vrgd.data.criteo import CriteoDataError, CriteoDays
+
+    try:
+        return {d.index: d.rows for d in CriteoDays(src.path).days}
+    except CriteoDataError as err:
+        raise FeatureError(str(err)) from None
+
+
+def _model_splits(src: _Days, config: dict[str, Any]) -> Any:
+    """The train / val / test sources of ``src`` as the model's training config cuts its
+    days (:func:`dlrm_vrgd.data.criteo.criteo_splits`)."""
+    from dlrm_vrgd.config import ConfigError, parse_config
+    from dlrm_vrgd.data.criteo import CriteoDataError, criteo_splits
+
+    try:
+        data = parse_config(config, "the model's config.json").data
+    except ConfigError as err:
+        raise FeatureError(str(err)) from None
+    if data.source != "criteo":
+        raise FeatureError(f"{src.path}: the model was trained on synthetic data, not Criteo days")
+    try:
+        return criteo_splits(data.model_copy(update={"path": src.path}))
+    except CriteoDataError as err:
+        raise FeatureError(f"{src.path}: the model's days do not fit it: {err}") from None
+
+
+def select_rows(
+    src: _Days, config: dict[str, Any], days: Sequence[int] | None, split: Split | None
+) -> list[int]:
+    """Restrict ``src`` to ``days`` or to the model's ``split`` of it; the training days of
+    the model among the days it will score (for a warning), when ``src`` is the model's
+    training data."""
+    held = _days_of(src)
+    if days is not None:
+        unknown = sorted(set(days) - set(held))
+        if unknown:
+            raise FeatureError(
+                f"{src.path}: --days {','.join(map(str, unknown))}: no such day "
+                f"(it holds {', '.join(map(str, sorted(held)))})"
+            )
+        src.segments = [(d, 0, held[d]) for d in days]
+    elif split is not None:
+        src.segments = list(getattr(_model_splits(src, config), split).segments)
+    if not _is_training_data(src, config):
+        return []
+    try:
+        train = {d for d, _, _ in _model_splits(src, config).train.segments}
+    except FeatureError:
+        return []
+    scored = src.segments or [(d, 0, n) for d, n in held.items()]
+    return sorted({d for d, a, b in scored if d in train and b > a})
+
+
+def _is_training_data(src: _Days, config: dict[str, Any]) -> bool:
+    """Whether ``src`` is the directory the model trained on: the same path, or a manifest
+    byte for byte the same as that directory's."""
+    data = config.get("data")
+    trained = data.get("path") if isinstance(data, dict) else None
+    if not isinstance(trained, str):
+        return False
+    try:
+        if Path(trained).resolve() == src.path.resolve():
+            return True
+        theirs = (Path(trained) / DATA_MANIFEST).read_bytes()
+        return theirs == (src.path / DATA_MANIFEST).read_bytes()
+    except OSError:
+        return False
 
 
 def _score_days(
@@ -527,9 +642,9 @@ def _score_days(
     device: str,
 ) -> None:
     step = max(batch_rows, 65_536)
-    for name, day in _iter_days(src, mapper):
-        for a in range(0, day.rows, step):
-            b = min(a + step, day.rows)
+    for name, day, start, stop in _iter_days(src, mapper):
+        for a in range(start, stop, step):
+            b = min(a + step, stop)
             sparse = mapper.day_ids(np.array(day.sparse[a:b], dtype=np.int64))
             probs = _predict(model, np.array(day.dense[a:b]), sparse, batch_rows, device)
             labels = np.asarray(day.labels[a:b, 0], dtype=np.int32) if day.labeled else None

@@ -200,3 +200,81 @@ def test_cli_scores_and_refuses_bad_input_with_exit_2(trained: Trained, tmp_path
     raw.write_text("x\ty\n")
     proc = subprocess.run([*cmd, "--overwrite"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "a.tsv:1:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_splits_and_days_of_the_training_data_and_a_warning_for_training_days(
+    trained: Trained, tmp_path: Path
+) -> None:
+    data = trained.data  # days 0, 1, 2 of 400 rows; the model trained on 0-1, val/test = day 2
+    every = score(trained.model, [data], tmp_path / "all.csv", progress=False)
+    assert every.rows == 1200
+    assert every.training_days == [f"{data}/day_0", f"{data}/day_1"]
+    whole = read_csv(tmp_path / "all.csv")
+    rows = zip(whole["file"], whole["line"], whole["probability"], strict=True)
+    by_row = {(f, n): p for f, n, p in rows}
+
+    # the test split: the second half of day 2 (val_fraction 0.5), exactly the trainer's rows
+    test = score(trained.model, [data], tmp_path / "test.csv", split="test", progress=False)
+    assert test.rows == 200 and test.training_days == []
+    out = read_csv(tmp_path / "test.csv")
+    assert out["file"] == [f"{data}/day_2"] * 200 and out["line"] == list(range(201, 401))
+    assert out["probability"] == [by_row[(f"{data}/day_2", n)] for n in range(201, 401)]
+    src = trained.trainer.splits.test
+    assert src.segments == [(2, 200, 400)]  # what the trainer tested on
+    assert test.metrics is not None
+
+    val = score(trained.model, [data], tmp_path / "val.csv", split="val", progress=False)
+    assert val.rows == 200 and read_csv(tmp_path / "val.csv")["line"] == list(range(1, 201))
+
+    one = score(trained.model, [data], tmp_path / "d1.csv", days=[1], progress=False)
+    assert one.rows == 400 and one.training_days == [f"{data}/day_1"]
+
+    with pytest.raises(FeatureError, match=r"--days 7: no such day \(it holds 0, 1, 2\)"):
+        score(trained.model, [data], tmp_path / "d7.csv", days=[7], progress=False)
+    with pytest.raises(ValueError, match="--days and --split"):
+        score(trained.model, [data], tmp_path / "x.csv", days=[1], split="test", progress=False)
+    assert not (tmp_path / "d7.csv").exists() and not (tmp_path / "x.csv").exists()
+
+    # the CLI says so when it scores training days, and not for the test split
+    cmd = [sys.executable, "-m", "dlrm_vrgd.cli", "score", "--model", str(trained.model),
+           "--input", str(data), "--no-progress"]  # fmt: skip
+    warned = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "c1.csv")], capture_output=True, text=True, timeout=120
+    )
+    assert warned.returncode == 0, warned.stderr
+    assert f"warning: scored days the model trained on ({data}/day_0, {data}/day_1)" in (
+        warned.stderr
+    )
+    quiet = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "c2.csv"), "--split", "test"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr
+    bad = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "c3.csv"), "--days", "1,x"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "--days '1,x': expected day numbers" in bad.stderr
+
+
+def test_a_kaggle_submission_is_id_and_predicted_in_input_order(
+    trained: Trained, tmp_path: Path
+) -> None:
+    _, ints, cats = make_rows(250, 43)
+    ids = np.arange(60_000_000, 60_000_250)[::-1]
+    kaggle = tmp_path / "test.csv"
+    kaggle.write_bytes(format_criteo_text(None, ints, cats, delimiter=",", header=True, ids=ids))
+    res = score(trained.model, [kaggle], tmp_path / "sub.csv", fmt="kaggle", progress=False)
+    assert res.rows == 250
+    lines = (tmp_path / "sub.csv").read_text().splitlines()
+    assert lines[0] == '"Id","Predicted"'
+    sub = read_csv(tmp_path / "sub.csv")
+    assert list(sub) == ["Id", "Predicted"] and [int(i) for i in sub["Id"]] == ids.tolist()
+    np.testing.assert_allclose(
+        np.asarray(sub["Predicted"], np.float32), trained.reference(ints, cats), rtol=1e-5,
+        atol=1e-6,
+    )  # fmt: skip
+    test_txt = tmp_path / "test.txt"  # no Id column: no submission
+    test_txt.write_bytes(format_criteo_text(None, ints, cats))
+    with pytest.raises(ValueError, match="every input must be a Kaggle CSV with an Id column"):
+        score(trained.model, [test_txt], tmp_path / "no.csv", fmt="kaggle", progress=False)
