@@ -27,6 +27,7 @@ import torch
 from dlrm_vrgd.config import parse_config
 from dlrm_vrgd.serve import model as m
 from dlrm_vrgd.serve.features import FeatureError, layout_of_run
+from dlrm_vrgd.serve.featurizer import RawFeaturizer, RawScoringModel
 from dlrm_vrgd.train import checkpoint as ckpt
 from dlrm_vrgd.train.reshard import FullState, gather_checkpoint
 
@@ -104,15 +105,25 @@ def arch_of(config: dict[str, Any], table_rows: list[int], num_dense: int) -> di
     }
 
 
-def export_program(model: m.ScoringModel, path: Path) -> None:
-    """``torch.export`` of the scoring module with a dynamic batch dimension."""
+def export_program(
+    model: torch.nn.Module, path: Path, num_tables: int | None = None, raw: bool = False
+) -> None:
+    """``torch.export`` of the scoring module (``raw``: of :class:`RawScoringModel`, whose
+    inputs are the raw integers) with a dynamic batch dimension."""
     n = 4
-    dense = torch.zeros(n, model.dense_arch[0].in_features)
-    sparse = torch.zeros(n, len(model.table_rows), dtype=torch.int64)
+    if raw:
+        args = (
+            torch.zeros(n, 13, dtype=torch.int64),
+            torch.zeros(n, num_tables, dtype=torch.int64),
+        )
+        names = ("dense_raw", "ids_raw")
+    else:
+        assert isinstance(model, m.ScoringModel)
+        dense = torch.zeros(n, model.dense_arch[0].in_features)
+        args = (dense, torch.zeros(n, len(model.table_rows), dtype=torch.int64))
+        names = ("dense", "sparse")
     batch = torch.export.Dim("batch", min=1, max=1 << 30)
-    program = torch.export.export(
-        model, (dense, sparse), dynamic_shapes={"dense": {0: batch}, "sparse": {0: batch}}
-    )
+    program = torch.export.export(model, args, dynamic_shapes={k: {0: batch} for k in names})
     torch.export.save(program, str(path))
 
 
@@ -153,6 +164,9 @@ def export_model(
             np.save(staging / m.VOCAB, vocab)
         if program:
             export_program(model, staging / m.PROGRAM)
+            if layout.raw_rows:  # the input transform in the graph: raw integers in
+                raw = RawScoringModel(RawFeaturizer(layout, vocab), model)
+                export_program(raw, staging / m.RAW_PROGRAM, len(model.table_rows), raw=True)
         files = {
             f.name: {"bytes": f.stat().st_size, "sha256": m.sha256_file(f)}
             for f in sorted(staging.iterdir())

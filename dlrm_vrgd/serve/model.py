@@ -47,6 +47,8 @@ FEATURES = "features.json"
 WEIGHTS = "weights.pt"
 VOCAB = "vocab.npy"
 PROGRAM = "model.pt2"
+#: ``torch.export`` of :class:`~dlrm_vrgd.serve.featurizer.RawScoringModel`: raw integers in.
+RAW_PROGRAM = "model_raw.pt2"
 
 
 class ModelError(ValueError):
@@ -132,7 +134,7 @@ _MANIFEST_KEYS = {
     "step": int, "world_size": int, "torch": str, "files": dict,
 }  # fmt: skip
 _REQUIRED_FILES = (ARCH, CONFIG, FEATURES, WEIGHTS)
-_OPTIONAL_FILES = (VOCAB, PROGRAM)
+_OPTIONAL_FILES = (VOCAB, PROGRAM, RAW_PROGRAM)
 _ARCH_KEYS = (
     "arch", "table_rows", "embedding_dim", "num_dense", "dense_arch", "over_arch",
     "dcn_num_layers", "dcn_low_rank_dim",
@@ -393,12 +395,16 @@ def load_model(
     return load_scoring(model_dir, device, verify)[0]
 
 
-def load_program(model_dir: str | Path) -> Any:
-    """The ``torch.export`` program of a model directory (``.module()`` gives a callable).
+def load_program(model_dir: str | Path, raw: bool = False) -> Any:
+    """The ``torch.export`` program of a model directory (``.module()`` gives a callable);
+    ``raw``: ``model_raw.pt2``, which takes raw integers (:mod:`dlrm_vrgd.serve.featurizer`).
 
     ``torch.export.load`` unpickles parts of ``model.pt2``: use it on model directories you
     made, never on one an untrusted party could write (``load_model`` is safe for those; the
     CLI and the service never call this)."""
     model_dir = Path(model_dir)
-    read_manifest(model_dir)
-    return torch.export.load(str(model_dir / PROGRAM))
+    manifest = read_manifest(model_dir)
+    name = RAW_PROGRAM if raw else PROGRAM
+    if name not in manifest["files"]:
+        raise ModelError(f"{model_dir}: no {name} (exported with --no-program, or synthetic data)")
+    return torch.export.load(str(model_dir / name))

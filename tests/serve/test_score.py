@@ -278,3 +278,45 @@ def test_a_kaggle_submission_is_id_and_predicted_in_input_order(
     test_txt.write_bytes(format_criteo_text(None, ints, cats))
     with pytest.raises(ValueError, match="every input must be a Kaggle CSV with an Id column"):
         score(trained.model, [test_txt], tmp_path / "no.csv", fmt="kaggle", progress=False)
+
+
+def _raw_program_matches_score(t: Trained, tmp_path: Path, seed: int) -> None:
+    """``model_raw.pt2`` on raw integers (missing -> 0, hex -> int) gives the probabilities
+    ``score`` gives for the same rows as text."""
+    _, ints, cats = make_rows(500, seed)
+    text = tmp_path / f"rows{seed}.txt"
+    text.write_bytes(format_criteo_text(None, ints, cats))
+    score(t.model, [text], tmp_path / f"p{seed}.csv", progress=False)
+    want = np.asarray(read_csv(tmp_path / f"p{seed}.csv")["probability"], np.float32)
+    program = torch.export.load(str(t.model / "model_raw.pt2")).module()
+    dense_raw = torch.from_numpy(ints.filled(0).astype(np.int64))
+    ids_raw = torch.from_numpy(cats.filled(0).astype(np.int64))  # 32-bit hex ids fit int64
+    got = program(dense_raw, ids_raw).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # batch sizes are dynamic: one row alone gives its probability
+    np.testing.assert_allclose(
+        program(dense_raw[:1], ids_raw[:1]).detach().numpy(), want[:1], rtol=1e-5
+    )
+
+
+def test_the_raw_program_holds_the_input_transform(trained: Trained, tmp_path: Path) -> None:
+    manifest = json.loads((trained.model / "manifest.json").read_text())
+    assert {"model.pt2", "model_raw.pt2"} <= set(manifest["files"])
+    _raw_program_matches_score(trained, tmp_path, 44)
+
+
+def test_the_raw_program_with_a_frequency_threshold_vocabulary(tmp_path: Path) -> None:
+    t = Trained(tmp_path / "thr", threshold=3)
+    _raw_program_matches_score(t, tmp_path, 45)
+    # and the rows of the training files, whose ids are mostly kept ones
+    from dlrm_vrgd.serve.featurizer import parse_raw_fields
+
+    line = (t.root / "raw" / "day_0.tsv").read_text().splitlines()[0].split("\t")[1:]
+    dense, ids = parse_raw_fields(line)
+    score(t.model, [t.root / "raw" / "day_0.tsv"], tmp_path / "d0.csv", progress=False)
+    first = read_csv(tmp_path / "d0.csv")["probability"][0]
+    program = torch.export.load(str(t.model / "model_raw.pt2")).module()
+    got = program(torch.tensor([dense]), torch.tensor([ids])).detach()
+    assert float(got[0]) == pytest.approx(first, rel=1e-5)
+    with pytest.raises(ValueError, match="field C3: not a hex id"):
+        parse_raw_fields(line[:15] + ["zz"] + line[16:])
