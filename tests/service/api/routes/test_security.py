@@ -469,3 +469,18 @@ def test_a_whole_body_is_still_taken(chatty: LocalService) -> None:
     body = json.dumps({"name": "whole", "config": tiny_job()}).encode()
     got, _ = raw_post(chatty, len(body), body)
     assert got.startswith(b"HTTP/1.1 201"), got[:300]
+
+
+def test_a_failed_jobs_error_shows_paths_relative_to_the_data_directory(
+    start_service: Any, client_of: Any
+) -> None:
+    svc = start_service()
+    client = client_of(svc)
+    empty = svc.data_dir / "data" / "empty"
+    empty.mkdir(parents=True)
+    cfg = tiny_job()
+    cfg["data"] = {"source": "criteo", "path": str(empty)}
+    job = client.wait(client.submit("no data", cfg)["id"], timeout=240)
+    assert job["state"] == "failed"
+    assert "data/empty" in job["error"], job["error"]
+    assert str(svc.data_dir) not in job["error"]
