@@ -374,13 +374,21 @@ def test_request_schemas_take_strict_types(
     assert_refused(api, http, body, field)
 
 
-@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "latin-1"])
+@pytest.mark.parametrize(
+    ("codec", "text"),
+    [("utf-16", "caf\u00e9"), ("utf-16-le", "caf\u00e9"), ("utf-16-be", "caf\u00e9"),
+     ("utf-32", "caf\u00e9"), ("latin-1", "caf\u00e9"),
+     ("utf-16-le", "plain"), ("utf-32-be", "plain")],  # ASCII only: valid UTF-8, but NULs
+    ids=["utf-16", "utf-16-le", "utf-16-be", "utf-32", "latin-1", "utf-16-le-ascii",
+         "utf-32-be-ascii"],
+)  # fmt: skip
 def test_a_body_that_is_not_utf8_is_refused(
-    api: LocalService, http: httpx.Client, codec: str
+    api: LocalService, http: httpx.Client, codec: str, text: str
 ) -> None:
-    body = json.dumps({"name": "caf\u00e9", "config": tiny_job()}, ensure_ascii=False)
-    issues = assert_refused(api, http, body.encode(codec), "body", "UTF-8")
+    body = json.dumps({"name": text, "config": tiny_job()}, ensure_ascii=False)
+    issues = assert_refused(api, http, body.encode(codec), "body")
     assert issues[0]["type"] == "json_invalid"
+    assert "UTF-8" in issues[0]["msg"]
 
 
 def test_a_utf8_body_is_still_taken(
@@ -484,3 +492,18 @@ def test_a_failed_jobs_error_shows_paths_relative_to_the_data_directory(
     assert job["state"] == "failed"
     assert "data/empty" in job["error"], job["error"]
     assert str(svc.data_dir) not in job["error"]
+
+
+def test_the_archive_is_cut_short_when_a_file_differs_from_the_manifest(tmp_path: Path) -> None:
+    """What the model route relies on when a file changes after the check."""
+    import hashlib
+
+    from service.jobs.files import tar_stream
+
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    good = {"a.bin": {"bytes": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}}
+    names = tar_names(b"".join(tar_stream(tmp_path, "m", good)))
+    assert names == ["m/a.bin"]
+    bad = {"a.bin": {"bytes": 3, "sha256": hashlib.sha256(b"abd").hexdigest()}}
+    with pytest.raises(OSError, match="differs from the model's manifest"):
+        b"".join(tar_stream(tmp_path, "m", bad))
