@@ -507,3 +507,32 @@ def test_the_archive_is_cut_short_when_a_file_differs_from_the_manifest(tmp_path
     bad = {"a.bin": {"bytes": 3, "sha256": hashlib.sha256(b"abd").hexdigest()}}
     with pytest.raises(OSError, match="differs from the model's manifest"):
         b"".join(tar_stream(tmp_path, "m", bad))
+
+
+def test_secrets_in_stored_jobs_are_masked_in_answers_and_events(
+    api: LocalService, client: ServiceClient, http: httpx.Client
+) -> None:
+    """Defence in depth: a job row holding a credential (as an older release stored it) is
+    masked in GET /jobs, GET /jobs/{id} and every event of its stream."""
+    job = client.submit("stored secret", tiny_job())
+    uri = f"http://me:{SECRET}@127.0.0.1:5000"
+    config = {**job["config"]}
+    config["run"] = {**config["run"], "mlflow": {"tracking_uri": uri, "experiment": "e"}}
+    with sqlite3.connect(api.data_dir / "service.db", timeout=30) as conn:
+        conn.execute(
+            "UPDATE jobs SET config = ?, error = ? WHERE id = ?",
+            (json.dumps(config), f"MLflow at {uri} failed", job["id"]),
+        )
+        conn.execute(
+            "INSERT INTO records (job_id, seq, stream, data) VALUES (?, 1000000, 'state', ?)",
+            (job["id"], json.dumps({"message": f"exporting to {uri}?token={SECRET}"})),
+        )
+    one = http.get(f"/jobs/{job['id']}")
+    assert one.status_code == 200 and SECRET not in one.text
+    assert one.json()["config"]["run"]["mlflow"]["tracking_uri"] == "http://***@127.0.0.1:5000"
+    assert SECRET not in http.get("/jobs", params={"limit": 1000}).text
+    client.cancel(job["id"])
+    events = http.get(f"/jobs/{job['id']}/events", timeout=30).text
+    assert "exporting to http://***@127.0.0.1:5000?token=***" in events
+    assert SECRET not in events and "event: end" in events
+    assert http.delete(f"/jobs/{job['id']}").status_code == 204
