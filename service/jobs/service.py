@@ -292,6 +292,8 @@ class JobService:
             raise ArtifactDamaged(f"job {job_id}: its model directory is a link; not served")
         try:
             manifest = read_manifest(model, verify=True)
+            if not isinstance(manifest.get("files"), dict):
+                raise ModelError(f"{model / 'manifest.json'}: no table of files")
             for name in ("manifest.json", *manifest["files"]):
                 if "/" in name or name.startswith(".") or not jobfiles.is_regular(model / name):
                     raise ModelError(f"{model / name}: not a regular file (a link?)")

@@ -374,13 +374,21 @@ def test_request_schemas_take_strict_types(
     assert_refused(api, http, body, field)
 
 
-@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "latin-1"])
+@pytest.mark.parametrize(
+    ("codec", "text"),
+    [("utf-16", "caf\u00e9"), ("utf-16-le", "caf\u00e9"), ("utf-16-be", "caf\u00e9"),
+     ("utf-32", "caf\u00e9"), ("latin-1", "caf\u00e9"),
+     ("utf-16-le", "plain"), ("utf-32-be", "plain")],  # ASCII only: valid UTF-8, but NULs
+    ids=["utf-16", "utf-16-le", "utf-16-be", "utf-32", "latin-1", "utf-16-le-ascii",
+         "utf-32-be-ascii"],
+)  # fmt: skip
 def test_a_body_that_is_not_utf8_is_refused(
-    api: LocalService, http: httpx.Client, codec: str
+    api: LocalService, http: httpx.Client, codec: str, text: str
 ) -> None:
-    body = json.dumps({"name": "caf\u00e9", "config": tiny_job()}, ensure_ascii=False)
-    issues = assert_refused(api, http, body.encode(codec), "body", "UTF-8")
+    body = json.dumps({"name": text, "config": tiny_job()}, ensure_ascii=False)
+    issues = assert_refused(api, http, body.encode(codec), "body")
     assert issues[0]["type"] == "json_invalid"
+    assert "UTF-8" in issues[0]["msg"]
 
 
 def test_a_utf8_body_is_still_taken(
@@ -469,3 +477,62 @@ def test_a_whole_body_is_still_taken(chatty: LocalService) -> None:
     body = json.dumps({"name": "whole", "config": tiny_job()}).encode()
     got, _ = raw_post(chatty, len(body), body)
     assert got.startswith(b"HTTP/1.1 201"), got[:300]
+
+
+def test_a_failed_jobs_error_shows_paths_relative_to_the_data_directory(
+    start_service: Any, client_of: Any
+) -> None:
+    svc = start_service()
+    client = client_of(svc)
+    empty = svc.data_dir / "data" / "empty"
+    empty.mkdir(parents=True)
+    cfg = tiny_job()
+    cfg["data"] = {"source": "criteo", "path": str(empty)}
+    job = client.wait(client.submit("no data", cfg)["id"], timeout=240)
+    assert job["state"] == "failed"
+    assert "data/empty" in job["error"], job["error"]
+    assert str(svc.data_dir) not in job["error"]
+
+
+def test_the_archive_is_cut_short_when_a_file_differs_from_the_manifest(tmp_path: Path) -> None:
+    """What the model route relies on when a file changes after the check."""
+    import hashlib
+
+    from service.jobs.files import tar_stream
+
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    good = {"a.bin": {"bytes": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}}
+    names = tar_names(b"".join(tar_stream(tmp_path, "m", good)))
+    assert names == ["m/a.bin"]
+    bad = {"a.bin": {"bytes": 3, "sha256": hashlib.sha256(b"abd").hexdigest()}}
+    with pytest.raises(OSError, match="differs from the model's manifest"):
+        b"".join(tar_stream(tmp_path, "m", bad))
+
+
+def test_secrets_in_stored_jobs_are_masked_in_answers_and_events(
+    api: LocalService, client: ServiceClient, http: httpx.Client
+) -> None:
+    """Defence in depth: a job row holding a credential (as an older release stored it) is
+    masked in GET /jobs, GET /jobs/{id} and every event of its stream."""
+    job = client.submit("stored secret", tiny_job())
+    uri = f"http://me:{SECRET}@127.0.0.1:5000"
+    config = {**job["config"]}
+    config["run"] = {**config["run"], "mlflow": {"tracking_uri": uri, "experiment": "e"}}
+    with sqlite3.connect(api.data_dir / "service.db", timeout=30) as conn:
+        conn.execute(
+            "UPDATE jobs SET config = ?, error = ? WHERE id = ?",
+            (json.dumps(config), f"MLflow at {uri} failed", job["id"]),
+        )
+        conn.execute(
+            "INSERT INTO records (job_id, seq, stream, data) VALUES (?, 1000000, 'state', ?)",
+            (job["id"], json.dumps({"message": f"exporting to {uri}?token={SECRET}"})),
+        )
+    one = http.get(f"/jobs/{job['id']}")
+    assert one.status_code == 200 and SECRET not in one.text
+    assert one.json()["config"]["run"]["mlflow"]["tracking_uri"] == "http://***@127.0.0.1:5000"
+    assert SECRET not in http.get("/jobs", params={"limit": 1000}).text
+    client.cancel(job["id"])
+    events = http.get(f"/jobs/{job['id']}/events", timeout=30).text
+    assert "exporting to http://***@127.0.0.1:5000?token=***" in events
+    assert SECRET not in events and "event: end" in events
+    assert http.delete(f"/jobs/{job['id']}").status_code == 204
