@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from dlrm_vrgd.config import CriteoData, TrainConfig
 from dlrm_vrgd.resources import ResourceError, check_fits, check_study_fits
@@ -67,6 +67,17 @@ class JobService:
         return self.runner.files(job_id)
 
     # ----------------------------------------------------------------------------- jobs
+    def submit_once(self, body: JobCreate) -> tuple[Job, bool]:
+        """Submit, or, for a ``submission_id`` already used, the job it made: (job, created)."""
+        if body.submission_id is not None:
+            first = self.store.by_submission(body.submission_id)
+            if first is not None:
+                return first, False
+        try:
+            return self.submit(body), True
+        except _SubmittedMeanwhile as race:
+            return race.job, False
+
     def submit(self, body: JobCreate) -> Job:
         """Store a new queued job (its config written to its directory) and wake the runner.
 
@@ -139,10 +150,34 @@ class JobService:
                 first, str(err), (*loc, *first.split(".")[1:]), also=tuple(rest)
             ) from None
 
+    def _scheduler_options(self, body: JobCreate, resolved: dict[str, Any]) -> dict[str, Any]:
+        """The job's own scheduler options, checked against what the backend has (``sinfo``):
+        422 naming the field for one no node or partition can satisfy."""
+        backend = self.runner.backend
+        options = body.slurm.model_dump(exclude_none=True) if body.slurm is not None else {}
+        if options.get("extra_flags") == []:
+            del options["extra_flags"]
+        if options and backend.name != "slurm":
+            raise InvalidInput(
+                "slurm",
+                f"Slurm options, but this service runs jobs with the {backend.name} backend "
+                "(DLRM_VRGD_BACKEND)",
+                ("body", "slurm"),
+            )
+        problem = backend.check_request(body.kind, resolved, options)
+        if problem is not None:
+            field, message = problem
+            raise InvalidInput(field, message, ("body", *field.split(".")))
+        return options
+
     def _create(self, body: JobCreate, resolved: dict[str, Any]) -> Job:
         problem = self.runner.backend.available()
         if problem is not None:
             raise Unavailable(f"cannot take jobs now: {problem}")
+        scheduler = self._scheduler_options(body, resolved)
+        max_retries = body.max_retries
+        if max_retries is None:
+            max_retries = 0 if body.kind == "score" else self.settings.max_retries
         need, field = gpu_request(resolved)
         if not self.runner.queues_jobs and need > self.runner.gpus.capacity:
             have = ",".join(self.runner.gpus.devices) or "none"
@@ -166,10 +201,22 @@ class JobService:
             raise StorageError.from_os_error("the job's config", err) from None
         try:
             job = self.store.create_job(
-                job_id, body.name, body.kind, resolved, body.timeout_s, progress=progress
+                job_id,
+                body.name,
+                body.kind,
+                resolved,
+                body.timeout_s,
+                progress=progress,
+                max_retries=max_retries,
+                submission_id=body.submission_id,
+                scheduler=scheduler or None,
             )
         except BaseException as err:
             shutil.rmtree(files.root, ignore_errors=True)
+            if isinstance(err, IntegrityError) and body.submission_id is not None:
+                first = self.store.by_submission(body.submission_id)
+                if first is not None:  # the same submission, posted twice at once
+                    raise _SubmittedMeanwhile(first) from None
             if isinstance(err, OSError):
                 raise StorageError.from_os_error("the job", err) from None
             if isinstance(err, DBAPIError):  # SQLite: "database or disk is full", ...
@@ -308,6 +355,14 @@ class JobService:
             if not read and now - last_sent >= keepalive:
                 yield b": keep-alive\n\n"
                 last_sent = now
+
+
+class _SubmittedMeanwhile(Exception):
+    """Another request with the same submission_id stored its job first."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job.id)
+        self.job = job
 
 
 def _job_json(job: Job) -> str:

@@ -36,7 +36,14 @@ print("done", flush=True)
 """
 FAIL = "import sys\nprint('something went wrong', flush=True)\nsys.exit(3)"
 SLEEP = "import time\ntime.sleep(120)"
-IGNORE_TERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)"
+#: Ignores SIGTERM, and says so (the file ``ready``) once its handler is in place: a cancel
+#: that came before would find the default handler and end it with -15, not -9.
+IGNORE_TERM = """
+import pathlib, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pathlib.Path("ready").write_text("handler installed")
+time.sleep(120)
+"""
 # torchrun-like: the worker runs in a session of its own (start_new_session=True).
 TREE = """
 import pathlib, subprocess, sys, time
@@ -102,6 +109,14 @@ async def until_running(store: Store, job_id: str) -> Job:
     raise AssertionError("never started")
 
 
+async def until_ready(job_dir: Path, timeout: float = 60.0) -> None:
+    """Wait until the job's script wrote ``ready`` (after installing its signal handlers)."""
+    deadline = time.monotonic() + timeout
+    while not (job_dir / "ready").exists():
+        assert time.monotonic() < deadline, "the job never said it was ready"
+        await asyncio.sleep(0.02)
+
+
 def test_success_ingests_records_and_stores_the_result(tmp_path: Path) -> None:
     settings, store = make(tmp_path)
     job = submit(store, SUCCEED)
@@ -158,7 +173,7 @@ def test_sigkill_after_the_grace_period(tmp_path: Path) -> None:
 
     async def body(runner: Runner) -> tuple[Job, float]:
         running = await until_running(store, job.id)
-        await asyncio.sleep(0.3)  # let it install its handler
+        await until_ready(settings.jobs_dir / job.id)  # its SIGTERM handler is in place
         t0 = time.monotonic()
         cancelled = await runner.cancel(job.id)
         assert not process.is_alive(running.pid or 0)
