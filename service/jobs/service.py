@@ -31,6 +31,7 @@ from service.errors import (
     Unavailable,
 )
 from service.jobs import files as jobfiles
+from service.jobs import logs as joblogs
 from service.jobs.gpus import gpu_request
 from service.jobs.kinds import KINDS
 from service.jobs.notifier import Notifier
@@ -44,6 +45,8 @@ from service.settings import Settings
 EVENT_PAGE = 500
 #: An idle event stream re-reads the store this often even without a wake-up.
 EVENT_RECHECK_S = 5.0
+#: A followed log is looked at this often for new bytes.
+LOG_FOLLOW_S = 0.25
 
 
 def new_job_id() -> str:
@@ -285,9 +288,45 @@ class JobService:
             raise ResultNotFound(f"job {job_id} has no result ({job.state})")
         return result
 
-    def log_tail(self, job_id: str, lines: int) -> list[str]:
-        self.get(job_id)
-        return jobfiles.tail_lines(self.files(job_id).log, lines)
+    def log_tail(self, job_id: str, lines: int, rank: int | None = None) -> list[str]:
+        job = self.get(job_id)
+        if rank is None:
+            return jobfiles.tail_lines(self.files(job_id).log, lines)
+        found = jobfiles.tail_lines(self.files(job_id).log, 1_000_000)
+        return joblogs.rank_lines(found, rank, _nproc(job))[-lines:]
+
+    def log_from(self, job_id: str, offset: int, rank: int | None = None) -> tuple[bytes, int]:
+        """The log's bytes from ``offset`` (one rank's lines with ``rank``) and the offset to
+        ask from next."""
+        job = self.get(job_id)
+        data, end = joblogs.read_from(self.files(job_id).log, offset)
+        return joblogs.RankFilter(rank, _nproc(job)).feed(data, final=True), end
+
+    async def log_follow(
+        self, job_id: str, offset: int | None, rank: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """The log's new bytes as they come, from ``offset`` (default: its end now), until
+        the job has finished and all of its log was sent (or the server stops)."""
+        job = await asyncio.to_thread(self.get, job_id)
+        path = self.files(job_id).log
+        if offset is None:
+            offset = path.stat().st_size if path.exists() else 0
+        lines = joblogs.RankFilter(rank, _nproc(job))
+        while not self.should_exit():
+            data, offset = await asyncio.to_thread(joblogs.read_from, path, offset)
+            if data:
+                out = lines.feed(data)
+                if out:
+                    yield out
+                continue
+            current = await asyncio.to_thread(self.store.get_job, job_id)
+            if current is None or current.state in TERMINAL:
+                data, offset = await asyncio.to_thread(joblogs.read_from, path, offset)
+                out = lines.feed(data, final=True)
+                if out:
+                    yield out
+                return
+            await asyncio.sleep(LOG_FOLLOW_S)
 
     def artifacts(self, job_id: str) -> list[jobfiles.Artifact]:
         self.get(job_id)
@@ -355,6 +394,11 @@ class JobService:
             if not read and now - last_sent >= keepalive:
                 yield b": keep-alive\n\n"
                 last_sent = now
+
+
+def _nproc(job: Job) -> int:
+    run = job.config.get("run", {}) if job.kind == "train" else {}
+    return int(run.get("nproc_per_node", 1) or 1) if isinstance(run, dict) else 1
 
 
 class _SubmittedMeanwhile(Exception):
