@@ -32,11 +32,12 @@ SLURM_INFRASTRUCTURE = {
 }
 #: Signs of the job's own failure: never retried.
 _OWN_FAILURE = re.compile(r"NonFiniteError|CheckpointError|ConfigError|^error: ", re.MULTILINE)
-#: torchrun's summary of a rank killed by a signal (``exitcode  : -9``, ``Signal 9 (SIGKILL)
-#: received by PID``), srun's for a task (``task 1: Killed``).
+#: torchrun's summary of a rank killed by SIGKILL (``exitcode  : -9``, ``Signal 9 (SIGKILL)
+#: received by PID``: the OOM killer, a node agent, a lost host), srun's for a task (``task 1:
+#: Killed``). Not SIGTERM: that is how srun and torchrun end the *other* ranks once one failed.
 _RANK_SIGNAL = re.compile(
-    r"exitcode\s*:\s*-(?P<code>\d+)|Signal (?P<sig>\d+) \(SIG\w+\) received by PID|"
-    r"task \d+: (?P<word>Killed|Terminated)"
+    r"exitcode\s*:\s*-(?P<code>9)\b|Signal (?P<sig>9) \(SIGKILL\) received by PID|"
+    r"task \d+: (?P<word>Killed)\s*$"
 )
 #: A collective that timed out or lost its peer (the other side of a lost rank or node).
 _COLLECTIVE = re.compile(

@@ -293,3 +293,33 @@ def test_an_exit_status_that_cannot_be_known_is_said_to_be_unknown(tmp_path: Pat
     assert isinstance(done, Job) and done.state == FAILED and done.exit_code is None
     assert done.error is not None and "exit status unknown" in done.error
     assert not (settings.jobs_dir / job.id / "exit.json").exists()
+
+
+SELF_KILL = "import os, signal\nprint('dying', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)"
+
+
+def test_a_job_killed_by_a_signal_is_retried_until_its_retries_run_out(tmp_path: Path) -> None:
+    """SIGKILLed by nobody in the service, twice, with max_retries 1: two attempts, then the
+    job fails saying why and that no retry was left; a plain failure is never retried."""
+    settings, store = make(tmp_path)
+    job = store.create_job(os.urandom(8).hex(), "t", "train", {"script": SELF_KILL}, None,
+                           max_retries=1)  # fmt: skip
+    plain = store.create_job(os.urandom(8).hex(), "t", "train", {"script": FAIL}, None,
+                             max_retries=3)  # fmt: skip
+
+    async def body(runner: Runner) -> tuple[Job, Job]:
+        return await until_done(store, job.id), await until_done(store, plain.id)
+
+    done, failed = run_with(settings, store, body)  # type: ignore[misc]
+    assert done.state == FAILED and done.exit_code == -9 and done.attempt == 2
+    assert [a["ended"] for a in done.attempts] == [
+        "killed by SIGKILL",
+        "killed by SIGKILL (9) (an infrastructure failure: killed by SIGKILL; no retries "
+        "left, max_retries 1)",
+    ]
+    assert done.attempts[1]["resumed_from_step"] == 0  # no checkpoint: from the start
+    assert done.error is not None and "no retries left, max_retries 1" in done.error
+    notes = [json.loads(d)["message"] for _, s, d in store.records_after(job.id, 0, 100)]
+    assert "attempt 1 ended: killed by SIGKILL; attempt 2 of 2 resumes from step 0" in notes
+    assert (settings.jobs_dir / job.id / "train.log").read_text() == "dying\ndying\n"
+    assert failed.state == FAILED and failed.attempt == 1 and len(failed.attempts) == 1
