@@ -37,7 +37,16 @@ and stays ``queued`` here while Slurm holds it pending (its reason noted: "queue
 Resources"); it becomes ``running`` when Slurm starts it, and ends as Slurm says it ended
 (TIMEOUT, NODE_FAIL... fail it with that reason). Cancel is ``scancel``; the job is reported
 cancelled once Slurm says it ended. After a restart every job with a Slurm job id is asked
-about in Slurm and followed again; none is submitted twice.
+about in Slurm and followed again; none is submitted twice. Slurm is asked in a loop of its
+own (``_watch``): a slow controller never holds back ingestion. A job Slurm holds with a reason
+that says it can never run (:data:`INFEASIBLE`) fails after ``slurm_infeasible_after_s``.
+
+Retries (``service/jobs/retry.py``): an attempt that failed for the infrastructure's reasons
+(killed by a signal, a lost rank or node, Slurm NODE_FAIL/PREEMPTED) is followed by the next
+one while ``max_retries`` allow: the same command (train: always ``--resume``) in the same run
+directory, at once, on the same GPUs (local) or as a new Slurm job; the job stays ``running``
+and each attempt is a record on it (``attempts``) and a state event. A resumed run rewrites its
+metrics files up to its checkpoint; ``_ingest`` reconciles the stored records with them.
 """
 
 from __future__ import annotations
@@ -95,14 +104,17 @@ __all__ = ["JOB_ENV", "KILL_WAIT_S", "ActiveJob", "Runner"]
 #: until an administrator acts): reported as "held", failed after a bounded wait.
 INFEASIBLE = frozenset(
     {
-        "PartitionNodeLimit", "PartitionConfig", "PartitionTimeLimit", "ReqNodeNotAvail",
-        "BadConstraints", "InvalidAccount", "InvalidQOS", "PartitionDown", "PartitionInactive",
-        "QOSMaxNodePerJobLimit", "AssocMaxNodesPerJobLimit", "QOSMaxCpuPerJobLimit",
-        "AssocMaxCpuPerJobLimit", "QOSMaxWallDurationPerJobLimit", "NodeDown",
+        "PartitionNodeLimit", "PartitionConfig", "PartitionTimeLimit", "BadConstraints",
+        "InvalidAccount", "InvalidQOS", "QOSMaxNodePerJobLimit", "AssocMaxNodesPerJobLimit",
+        "QOSMaxCpuPerJobLimit", "AssocMaxCpuPerJobLimit", "QOSMaxWallDurationPerJobLimit",
     }
 )  # fmt: skip
 #: Pending reasons said as "held" (someone must act) rather than "queued".
-HELD = INFEASIBLE | {"JobHeldUser", "JobHeldAdmin", "BeginTime", "Dependency"}
+#: (A node or partition that is down may come back: waited out, not failed.)
+HELD = INFEASIBLE | {
+    "JobHeldUser", "JobHeldAdmin", "BeginTime", "Dependency", "ReqNodeNotAvail", "NodeDown",
+    "PartitionDown", "PartitionInactive",
+}  # fmt: skip
 
 
 def new_attempt(attempt: int, backend_id: str, resumed_from_step: int | None) -> dict[str, object]:
@@ -1020,7 +1032,8 @@ class Runner:
             else:  # its exit status, if its supervisor recorded one
                 logger.warning("job %s: process %d is gone", job.id, handle.pid)
                 retry = self._finish(active, status, orphaned=True)
-                if retry is not None:
+                if retry is not None:  # it died while the service was down: retried now
+                    self._adopt_gpus(job)
                     reattached.append(retry)
         return reattached
 

@@ -18,6 +18,9 @@ import pytest
 
 from service.errors import IllegalTransition
 from service.jobs.backends import process
+from service.jobs.backends.base import ENDED, AppStatus, Handle
+from service.jobs.backends.base import RUNNING as BACKEND_RUNNING
+from service.jobs.backends.local import LocalBackend
 from service.jobs.files import JobFiles
 from service.jobs.notifier import Notifier
 from service.jobs.runner import JOB_ENV, Runner
@@ -323,3 +326,55 @@ def test_a_job_killed_by_a_signal_is_retried_until_its_retries_run_out(tmp_path:
     assert "attempt 1 ended: killed by SIGKILL; attempt 2 of 2 resumes from step 0" in notes
     assert (settings.jobs_dir / job.id / "train.log").read_text() == "dying\ndying\n"
     assert failed.state == FAILED and failed.attempt == 1 and len(failed.attempts) == 1
+
+
+TICKER = """
+import json, pathlib, time
+run = pathlib.Path("run"); run.mkdir(exist_ok=True)
+with open(run / "metrics.jsonl", "a") as f:
+    for step in range(1, 61):
+        f.write(json.dumps({"kind": "train", "step": step, "loss": 1.0}) + "\\n"); f.flush()
+        time.sleep(0.05)
+(run / "result.json").write_text(json.dumps({"steps": 60}))
+"""
+
+
+class SlowScheduler(LocalBackend):
+    """A scheduler whose every answer takes 1.5 s (a controller at the end of its timeout)."""
+
+    queues_jobs = True
+
+    def describe(self, handle: Handle) -> AppStatus:
+        time.sleep(1.5)
+        status = super().describe(handle)
+        if status.phase != ENDED:
+            return AppStatus(BACKEND_RUNNING, scheduler_state="RUNNING", nodes="n1")
+        return AppStatus(ENDED, status.exit_code, scheduler_state="COMPLETED")
+
+
+def test_a_slow_scheduler_never_holds_back_metric_ingestion(tmp_path: Path) -> None:
+    """Records are ingested as they are written (every poll) although each look at the
+    scheduler takes 1.5 s: the scheduler is asked in a loop of its own."""
+    settings, store = make(tmp_path)
+    job = submit(store, TICKER)
+    counts: list[int] = []
+
+    async def main() -> Job:
+        runner = Runner(settings, store, Notifier(), script_command, SlowScheduler(settings))
+        await runner.start()
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                counts.append(len(store.series(job.id, "metrics").data))
+                done = store.get_job(job.id)
+                if done is not None and done.state in TERMINAL:
+                    return done
+                await asyncio.sleep(0.05)
+            raise AssertionError("the job did not finish")
+        finally:
+            await runner.stop()
+
+    done = asyncio.run(main())
+    assert done.state == SUCCEEDED and done.backend_state == "ended: COMPLETED"
+    growing = sorted(set(counts) - {0, 60})
+    assert len(growing) >= 10, growing  # not bursts every 1.5 s: ~2 distinct counts in 3 s
