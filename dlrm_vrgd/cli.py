@@ -55,11 +55,9 @@ class ProgressLine:
             now = time.monotonic()
             if now - self._printed >= self.every_s or record["step"] == self._total:
                 self._printed = now
-                print(
+                self._line(
                     f"step {record['step']}/{self._total} loss {record['loss']:.4f} "
-                    f"auc {self.last_auc} {record['rows_per_s'] / 1000:.1f}k rows/s",
-                    file=self.stream,
-                    flush=True,
+                    f"auc {self.last_auc} {record['rows_per_s'] / 1000:.1f}k rows/s"
                 )
             return
         if self.bar is not None:
@@ -74,7 +72,7 @@ class ProgressLine:
         oracle = record.get("oracle_auc")
         self.last_auc = f"{record['auc']:.4f}" + (f"/{oracle:.4f}" if oracle else "")
         if self.plain:
-            print(f"{record['split']} auc {self.last_auc}", file=self.stream, flush=True)
+            self._line(f"{record['split']} auc {self.last_auc}")
         elif self.bar is not None:
             self.bar.set_postfix_str(f"{record['split']} auc {self.last_auc}")
 
@@ -82,6 +80,12 @@ class ProgressLine:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+    def _line(self, text: str) -> None:
+        """One whole line in one write (unbuffered, as in a job, ``print`` writes the text and
+        its newline apart, and another writer's bytes may land between them)."""
+        self.stream.write(text + "\n")
+        self.stream.flush()
 
 
 def _print_result(result: Any) -> None:

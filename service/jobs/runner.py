@@ -383,6 +383,8 @@ class Runner:
             self.notifier.notify(active.job_id)
             if retry is not None:  # the next attempt runs
                 self._active[active.job_id] = retry
+                if active.stop_reason is not None:  # a cancel came while it was starting
+                    await self._begin_stop(retry, active.stop_reason)
                 return
             self._active.pop(active.job_id, None)
             self._release_gpus(active.job_id)
@@ -517,6 +519,7 @@ class Runner:
                 need = gpus_needed(w.config)
                 free = len(self.gpus.free())
                 self.store.note(w.id, f"waiting for {need} GPU(s); {free} free")
+                self.store.update_job(w.id, backend_state=f"queued: waiting for {need} GPU(s)")
                 noted.append(w.id)
         if job is None:
             return None, noted, []
@@ -603,6 +606,7 @@ class Runner:
             if self._handover_noted.get(job.id) != note:  # once per cause, not every tick
                 self._handover_noted[job.id] = note
                 self.store.note(job.id, note)
+                self.store.update_job(job.id, backend_state=f"queued: {note}")
             return None
         except Exception as err:
             logger.warning("job %s: %s refused it: %s", job.id, self.backend.name, err)

@@ -7,6 +7,7 @@ installed (``.ci/run`` installs it)."""
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -392,6 +393,13 @@ def test_a_node_down_mid_job_is_retried_and_resumes_from_its_checkpoint(
     ), messages
     log = (svc.data_dir / "jobs" / job["id"] / "train.log").read_text()
     assert "Node failure on n2" in log
+    # every line of a rank keeps its label (progress too: plain lines, no redraws)
+    assert "\r" not in log
+    assert any(re.match(rf"0: .*step \d+/{steps} loss", ln) for ln in log.splitlines()), log[-4000:]
+    rank1 = client.http.get(
+        f"{API}/jobs/{job['id']}/logs", params={"rank": 1, "tail": 10_000}
+    ).text.splitlines()
+    assert rank1 and all(ln.startswith("1: ") for ln in rank1)
     records = client.metrics(done["id"], limit=10_000)["data"]
     starts = [r for r in records if r["kind"] == "start"]  # one per attempt
     assert [r["start_step"] for r in starts] == [0, resumed]
@@ -459,6 +467,17 @@ def test_per_job_options_land_in_the_batch_script_and_one_submission_id_makes_on
     assert (first.status_code, again.status_code) == (201, 200), again.text
     job = first.json()
     assert again.json()["id"] == job["id"] and job["slurm"] == options
+    log = svc.data_dir / "jobs" / job["id"] / "train.log"
+    wait_for(lambda: log.exists() and log.stat().st_size > 0, timeout=60)
+    start = log.stat().st_size
+    with client.http.stream(
+        "GET",
+        f"{API}/jobs/{job['id']}/logs",
+        params={"offset": start, "follow": "true"},
+        timeout=httpx.Timeout(120),
+    ) as response:
+        followed = b"".join(response.iter_bytes())  # until the job has ended
+    assert followed and followed == log.read_bytes()[start:]  # new bytes only, each once
     done = client.wait(job["id"], timeout=120)
     assert done["state"] == "succeeded", done["error"]
     script = (svc.data_dir / "jobs" / job["id"] / "slurm.sbatch").read_text()
