@@ -131,12 +131,17 @@ def new_attempt(attempt: int, backend_id: str, resumed_from_step: int | None) ->
     }
 
 
+def reason_code(why: str | None) -> str | None:
+    """``ReqNodeNotAvail, UnavailableNodes:n2`` -> ``ReqNodeNotAvail``."""
+    return why.split(",")[0].strip() if why else None
+
+
 def backend_line(status: AppStatus, requeued: str | None = None) -> str:
     """The job's backend state in a line: ``queued: Resources``, ``held: PartitionNodeLimit``,
     ``running on n[1-2]``, ``requeued after NODE_FAIL on n2; queued: Resources``."""
     if status.phase == PENDING:
         why = status.detail
-        line = f"{'held' if why in HELD else 'queued'}: {why}" if why else "queued"
+        line = f"{'held' if reason_code(why) in HELD else 'queued'}: {why}" if why else "queued"
     elif status.phase == RUNNING:
         line = f"running on {status.nodes}" if status.nodes else "running"
     elif status.phase == UNKNOWN:
@@ -661,7 +666,7 @@ class Runner:
                     fields["attempts"] = attempts
             self.store.update_job(active.job_id, **fields)
             changed = True
-        if status.phase == PENDING and status.detail in INFEASIBLE:
+        if status.phase == PENDING and reason_code(status.detail) in INFEASIBLE:
             if active.infeasible != status.detail:
                 active.infeasible, active.infeasible_since = status.detail, time.monotonic()
         else:

@@ -95,3 +95,21 @@ def test_a_retry_resumes_from_the_newest_checkpoint_that_verifies(files: JobFile
     newest = run / "checkpoints" / "step_00000020" / "rank0.pt"
     newest.write_bytes(newest.read_bytes()[:-3])  # truncated: it no longer verifies
     assert resume_step(run) == 10
+
+
+def test_the_backend_state_line_says_queued_held_running_or_requeued() -> None:
+    from service.jobs.backends.base import ENDED, PENDING, RUNNING, AppStatus
+    from service.jobs.runner import backend_line
+
+    assert backend_line(AppStatus(PENDING, detail="Resources")) == "queued: Resources"
+    assert backend_line(AppStatus(PENDING, detail="PartitionNodeLimit")) == (
+        "held: PartitionNodeLimit"
+    )
+    down = AppStatus(PENDING, detail="ReqNodeNotAvail, UnavailableNodes:n2")
+    assert backend_line(down) == "held: ReqNodeNotAvail, UnavailableNodes:n2"
+    assert backend_line(
+        AppStatus(PENDING, detail="Priority"), "requeued after NODE_FAIL on n2"
+    ) == ("requeued after NODE_FAIL on n2; queued: Priority")
+    running = AppStatus(RUNNING, nodes="n[1-2]")
+    assert backend_line(running, "requeued after NODE_FAIL on n2") == "running on n[1-2]"
+    assert backend_line(AppStatus(ENDED, scheduler_state="NODE_FAIL")) == "ended: NODE_FAIL"
