@@ -15,14 +15,29 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class ProgressLine:
-    """A live progress bar for the terminal: step, loss, last AUC (and oracle), rows/s."""
+    """A live progress bar for the terminal: step, loss, last AUC (and oracle), rows/s.
+
+    Not on a terminal (a log file: the service's jobs, Slurm's output), it writes a plain line
+    at most every ``PROGRESS_EVERY_S`` seconds (``DLRM_VRGD_PROGRESS_EVERY_S``, default 10)
+    instead of carriage-return redraws, so that every line of a log is whole (and keeps its
+    rank label under ``srun --label``)."""
 
     def __init__(self, stream: Any = None) -> None:
+        import os
+
         self.stream = stream or sys.stderr
         self.bar: Any = None
         self.last_auc: str = "-"
+        isatty = getattr(self.stream, "isatty", None)
+        self.plain = not (isatty and isatty())
+        self.every_s = float(os.environ.get("DLRM_VRGD_PROGRESS_EVERY_S", "10"))
+        self._printed = -float("inf")
+        self._total = 0
 
     def on_start(self, info: dict[str, Any]) -> None:
+        self._total = info["total_steps"]
+        if self.plain:
+            return
         from tqdm import tqdm
 
         self.bar = tqdm(
@@ -35,6 +50,17 @@ class ProgressLine:
         )
 
     def on_step(self, record: dict[str, Any]) -> None:
+        if self.plain:
+            import time
+
+            now = time.monotonic()
+            if now - self._printed >= self.every_s or record["step"] == self._total:
+                self._printed = now
+                self._line(
+                    f"step {record['step']}/{self._total} loss {record['loss']:.4f} "
+                    f"auc {self.last_auc} {record['rows_per_s'] / 1000:.1f}k rows/s"
+                )
+            return
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix_str(
@@ -46,13 +72,21 @@ class ProgressLine:
     def on_eval(self, record: dict[str, Any]) -> None:
         oracle = record.get("oracle_auc")
         self.last_auc = f"{record['auc']:.4f}" + (f"/{oracle:.4f}" if oracle else "")
-        if self.bar is not None:
+        if self.plain:
+            self._line(f"{record['split']} auc {self.last_auc}")
+        elif self.bar is not None:
             self.bar.set_postfix_str(f"{record['split']} auc {self.last_auc}")
 
     def on_end(self, result: Any) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+    def _line(self, text: str) -> None:
+        """One whole line in one write (unbuffered, as in a job, ``print`` writes the text and
+        its newline apart, and another writer's bytes may land between them)."""
+        self.stream.write(text + "\n")
+        self.stream.flush()
 
 
 def _print_result(result: Any) -> None:

@@ -108,10 +108,14 @@ class ServiceClient:
         config: dict[str, Any],
         timeout_s: float | None = None,
         kind: str = "train",
+        **options: Any,
     ) -> dict[str, Any]:
+        """POST /jobs; ``options``: more fields of the body (``max_retries``,
+        ``submission_id``, ``slurm``), None ones left out."""
         body: dict[str, Any] = {"name": name, "kind": kind, "config": config}
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
+        body.update({k: v for k, v in options.items() if v is not None})
         return self._json("POST", "/jobs", json=body)
 
     def job(self, job_id: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from pydantic import (
 from dlrm_vrgd.config import MAX_NAME_BYTES, MAX_PATH_CHARS, TrainConfig
 from dlrm_vrgd.redact import redact, redact_obj
 from dlrm_vrgd.study.config import StudyConfig
+from service.jobs.options import SlurmOptions
 from service.jobs.states import JobKind, JobState
 from service.jobs.store import Job
 
@@ -60,7 +61,29 @@ InputName = Annotated[
 ]
 
 
-class TrainJobCreate(BaseModel):
+#: Most retries a job may ask for.
+MAX_RETRIES = 100
+#: A client-chosen id that makes a submission idempotent (Ray's ``submission_id``).
+SubmissionId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
+
+
+class JobSubmission(BaseModel):
+    """What every kind of job takes besides its config: retries, an idempotency id and
+    scheduler options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Retries after an infrastructure failure (node lost, rank killed by a signal,
+    #: collective timeout); default: the service's DLRM_VRGD_MAX_RETRIES for train and
+    #: study jobs, 0 for score jobs. Config errors and a NaN loss are never retried.
+    max_retries: Annotated[int, Field(ge=0, le=MAX_RETRIES)] | None = None
+    #: A retried POST with the same id returns the job the first one made.
+    submission_id: SubmissionId | None = None
+    #: Slurm options of this job (the Slurm backend only).
+    slurm: SlurmOptions | None = None
+
+
+class TrainJobCreate(JobSubmission):
     """A training job: ``config`` is a full TrainConfig (unknown keys are errors, missing ones
     take the trainer's defaults)."""
 
@@ -73,7 +96,7 @@ class TrainJobCreate(BaseModel):
     timeout_s: Timeout | None = None
 
 
-class StudyJobCreate(BaseModel):
+class StudyJobCreate(JobSubmission):
     """A batch-size study (``dlrm-vrgd study``): ``config`` is a StudyConfig — a grid of
     batch sizes x optimizers x learning rates x seeds over a base TrainConfig."""
 
@@ -102,7 +125,7 @@ class ScoreConfig(BaseModel):
     skip_bad_rows: StrictBool = False
 
 
-class ScoreJobCreate(BaseModel):
+class ScoreJobCreate(JobSubmission):
     """Batch scoring (``dlrm-vrgd score``) with a train job's model."""
 
     model_config = ConfigDict(extra="forbid")
@@ -159,6 +182,25 @@ class JobProgress(BaseModel):
     updated_at: datetime | None = None
 
 
+class AttemptPublic(BaseModel):
+    """One attempt of a job (a retry after an infrastructure failure is the next one)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    attempt: int
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    #: Why it ended (``NODE_FAIL on n2``, ``killed by SIGKILL``); null while it runs.
+    ended: str | None = None
+    exit_code: int | None = None
+    #: The checkpoint step it resumed from (0: from the start; null: not a train job or
+    #: the first attempt).
+    resumed_from_step: int | None = None
+    #: The pid (local) or Slurm job id of the attempt.
+    backend_id: str | None = None
+    nodes: str | None = None
+
+
 class JobPublic(BaseModel):
     id: str
     name: str
@@ -184,6 +226,20 @@ class JobPublic(BaseModel):
     has_result: bool
     #: The resolved config (defaults filled in).
     config: dict[str, Any]
+    #: What the backend says now: ``queued: Resources``, ``held: PartitionNodeLimit``,
+    #: ``running on n[1-2]``, ``requeued after NODE_FAIL on n2; queued: Resources``,
+    #: ``ended: COMPLETED``.
+    backend_state: str | None = None
+    #: The nodes of the current (or last) attempt, as Slurm writes them (``n[1-2]``).
+    nodes: str | None = None
+    #: The attempt running or last run (1 = the first; 0 = not started).
+    attempt: int = 0
+    max_retries: int = 0
+    #: One record per attempt: why it ended, from which step it resumed.
+    attempts: list[AttemptPublic] = []
+    submission_id: str | None = None
+    #: The job's own Slurm options (the service's defaults apply to the rest).
+    slurm: dict[str, Any] | None = None
 
     @classmethod
     def from_job(cls, job: Job, show: Callable[[str], str] = redact) -> JobPublic:
@@ -206,6 +262,13 @@ class JobPublic(BaseModel):
             progress=JobProgress.model_validate(redact_obj(job.progress)),
             has_result=job.result is not None,
             config=redact_obj(job.config),
+            backend_state=None if job.backend_state is None else show(job.backend_state),
+            nodes=job.nodes,
+            attempt=job.attempt,
+            max_retries=job.max_retries,
+            attempts=[AttemptPublic.model_validate(redact_obj(a)) for a in job.attempts],
+            submission_id=job.submission_id,
+            slurm=job.scheduler or None,
         )
 
 

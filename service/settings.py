@@ -67,6 +67,10 @@ class Settings(BaseSettings):
     max_concurrent_jobs: Annotated[int, Field(ge=0)] = 1
     #: Default wall-clock limit of a job (a job's own ``timeout_s`` wins); None = no limit.
     job_timeout_s: Annotated[float, Field(gt=0)] | None = None
+    #: Retries of a train or study job after an infrastructure failure (a node lost, a rank
+    #: killed by a signal, a collective timeout); a job's own ``max_retries`` wins. Score
+    #: jobs default to 0.
+    max_retries: Annotated[int, Field(ge=0, le=100)] = 1
     #: Seconds between SIGTERM and SIGKILL when a job is cancelled or times out.
     cancel_grace_s: Annotated[float, Field(ge=0)] = 10.0
     #: How often the runner tails run directories and checks processes.
@@ -123,6 +127,9 @@ class Settings(BaseSettings):
     slurm_exclusive: bool = True
     #: Slurm: seconds between two looks at the queue (one ``squeue`` for every job).
     slurm_poll_interval_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+    #: Slurm: seconds a job may wait with a reason that says it can never run as asked
+    #: (PartitionNodeLimit, ReqNodeNotAvail...) before it fails with that reason.
+    slurm_infeasible_after_s: Annotated[float, Field(ge=0)] = 60.0
     #: Slurm: a Slurm command that takes longer counts as "Slurm unreachable".
     slurm_command_timeout_s: Annotated[float, Field(gt=0, le=300)] = 15.0
 

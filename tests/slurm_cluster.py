@@ -218,6 +218,29 @@ class SlurmCluster:
                 return
             time.sleep(0.2)
 
+    def scontrol(self, *args: str) -> str:
+        """``scontrol ARGS`` (its output; errors are the caller's to judge)."""
+        out = self._run("scontrol", *args, check=False)
+        return (out.stdout + out.stderr).strip()
+
+    def node_state(self, node: str) -> str:
+        out = self._run("sinfo", "-h", "-n", node, "-N", "-o", "%t", check=False)
+        return out.stdout.strip()
+
+    def heal(self, timeout: float = 60.0) -> None:
+        """Every node back in service and the partition as configured (after a test that
+        took a node down or changed a limit)."""
+        self.scontrol("update", "partitionname=debug", "MaxNodes=UNLIMITED")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = [self.node_state(n) for n in NODES]
+            if all(s in ("idle", "mix", "alloc") for s in states):
+                return
+            for node, state in zip(NODES, states, strict=True):
+                if state not in ("idle", "mix", "alloc"):
+                    self.scontrol("update", f"nodename={node}", "state=resume")
+            time.sleep(1)
+
     def pause_controller(self) -> None:
         os.kill(self.pids["slurmctld"], signal.SIGSTOP)
 

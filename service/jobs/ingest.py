@@ -68,6 +68,31 @@ def read_new_records(
     return records, offset + end + 1
 
 
+def file_inode(path: Path) -> int | None:
+    """The file's inode number (None when it does not exist): a run that resumes rewrites its
+    JSON-lines files by an atomic replace, which gives them a new inode."""
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
+
+
+def read_all_records(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Every complete JSON-object line of ``path`` and the offset after the last one."""
+    records: list[dict[str, Any]] = []
+    offset = 0
+    while True:
+        got = read_new_records(path, offset)
+        if got is None:  # rewritten again while being read: start over
+            records, offset = [], 0
+            continue
+        more, end = got
+        if end == offset:
+            return records, offset
+        records += more
+        offset = end
+
+
 def _num(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None

@@ -83,10 +83,40 @@ class JobRow(Base):
     metrics_offset: Mapped[int] = mapped_column(Integer, default=0)
     gsnr_offset: Mapped[int] = mapped_column(Integer, default=0)
     next_seq: Mapped[int] = mapped_column(Integer, default=1)
+    #: Inodes of metrics.jsonl / gsnr.jsonl when last read: a resumed run rewrites them (an
+    #: atomic replace), which the runner reconciles record by record.
+    metrics_inode: Mapped[int | None] = mapped_column(Integer, default=None)
+    gsnr_inode: Mapped[int | None] = mapped_column(Integer, default=None)
+    #: Retries after an infrastructure failure (node lost, rank killed by a signal...).
+    max_retries: Mapped[int | None] = mapped_column(Integer, default=None)
+    #: The attempt running or last run (1 = the first; 0 = not started yet) and one record per
+    #: attempt: {attempt, started_at, ended_at, ended, resumed_from_step, backend_id, nodes}.
+    attempt: Mapped[int | None] = mapped_column(Integer, default=None)
+    attempts: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)
+    #: What the backend says of the job now ("queued: Resources", "running on n[1-2]",
+    #: "requeued after NODE_FAIL on n2") and the nodes it runs on.
+    backend_state: Mapped[str | None] = mapped_column(Text, default=None)
+    nodes: Mapped[str | None] = mapped_column(String(200), default=None)
+    #: A client-chosen id: a retried POST with the same id returns this job (unique).
+    submission_id: Mapped[str | None] = mapped_column(String(128), default=None, unique=True)
+    #: Per-job scheduler options (partition, account, ... see service/jobs/options.py).
+    scheduler: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 #: Columns added after the first release: (name, SQL type), added to an older store on open.
-ADDED_JOB_COLUMNS = (("backend", "VARCHAR(16)"), ("slurm_job_id", "VARCHAR(32)"))
+ADDED_JOB_COLUMNS = (
+    ("backend", "VARCHAR(16)"),
+    ("slurm_job_id", "VARCHAR(32)"),
+    ("metrics_inode", "INTEGER"),
+    ("gsnr_inode", "INTEGER"),
+    ("max_retries", "INTEGER"),
+    ("attempt", "INTEGER"),
+    ("attempts", "JSON"),
+    ("backend_state", "TEXT"),
+    ("nodes", "VARCHAR(200)"),
+    ("submission_id", "VARCHAR(128)"),
+    ("scheduler", "JSON"),
+)
 
 
 class RecordRow(Base):

@@ -37,7 +37,16 @@ and stays ``queued`` here while Slurm holds it pending (its reason noted: "queue
 Resources"); it becomes ``running`` when Slurm starts it, and ends as Slurm says it ended
 (TIMEOUT, NODE_FAIL... fail it with that reason). Cancel is ``scancel``; the job is reported
 cancelled once Slurm says it ended. After a restart every job with a Slurm job id is asked
-about in Slurm and followed again; none is submitted twice.
+about in Slurm and followed again; none is submitted twice. Slurm is asked in a loop of its
+own (``_watch``): a slow controller never holds back ingestion. A job Slurm holds with a reason
+that says it can never run (:data:`INFEASIBLE`) fails after ``slurm_infeasible_after_s``.
+
+Retries (``service/jobs/retry.py``): an attempt that failed for the infrastructure's reasons
+(killed by a signal, a lost rank or node, Slurm NODE_FAIL/PREEMPTED) is followed by the next
+one while ``max_retries`` allow: the same command (train: always ``--resume``) in the same run
+directory, at once, on the same GPUs (local) or as a new Slurm job; the job stays ``running``
+and each attempt is a record on it (``attempts``) and a state event. A resumed run rewrites its
+metrics files up to its checkpoint; ``_ingest`` reconciles the stored records with them.
 """
 
 from __future__ import annotations
@@ -75,10 +84,11 @@ from service.jobs.gpus import (
     resolve_gpus,
     visible_devices,
 )
-from service.jobs.ingest import read_new_records, update_progress
+from service.jobs.ingest import file_inode, read_all_records, read_new_records, update_progress
 from service.jobs.kinds import KINDS
 from service.jobs.models import utcnow
 from service.jobs.notifier import Notifier
+from service.jobs.retry import infrastructure_cause, resume_step
 from service.jobs.states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL
 from service.jobs.store import Job, Store
 from service.settings import Settings
@@ -90,6 +100,55 @@ REASON_LOG_LINES = 20
 #: (job, its files) -> argv; the default runs the job kind's command.
 CommandFn = Callable[[Job, JobFiles], list[str]]
 __all__ = ["JOB_ENV", "KILL_WAIT_S", "ActiveJob", "Runner"]
+#: Slurm pending reasons of a job that cannot run as asked (not just now: never, or not
+#: until an administrator acts): reported as "held", failed after a bounded wait.
+INFEASIBLE = frozenset(
+    {
+        "PartitionNodeLimit", "PartitionConfig", "PartitionTimeLimit", "BadConstraints",
+        "InvalidAccount", "InvalidQOS", "QOSMaxNodePerJobLimit", "AssocMaxNodesPerJobLimit",
+        "QOSMaxCpuPerJobLimit", "AssocMaxCpuPerJobLimit", "QOSMaxWallDurationPerJobLimit",
+    }
+)  # fmt: skip
+#: Pending reasons said as "held" (someone must act) rather than "queued".
+#: (A node or partition that is down may come back: waited out, not failed.)
+HELD = INFEASIBLE | {
+    "JobHeldUser", "JobHeldAdmin", "BeginTime", "Dependency", "ReqNodeNotAvail", "NodeDown",
+    "PartitionDown", "PartitionInactive",
+}  # fmt: skip
+
+
+def new_attempt(attempt: int, backend_id: str, resumed_from_step: int | None) -> dict[str, object]:
+    """The record of an attempt as it starts."""
+    return {
+        "attempt": attempt,
+        "started_at": utcnow().isoformat(),
+        "ended_at": None,
+        "ended": None,
+        "exit_code": None,
+        "resumed_from_step": resumed_from_step,
+        "backend_id": backend_id,
+        "nodes": None,
+    }
+
+
+def reason_code(why: str | None) -> str | None:
+    """``ReqNodeNotAvail, UnavailableNodes:n2`` -> ``ReqNodeNotAvail``."""
+    return why.split(",")[0].strip() if why else None
+
+
+def backend_line(status: AppStatus, requeued: str | None = None) -> str:
+    """The job's backend state in a line: ``queued: Resources``, ``held: PartitionNodeLimit``,
+    ``running on n[1-2]``, ``requeued after NODE_FAIL on n2; queued: Resources``."""
+    if status.phase == PENDING:
+        why = status.detail
+        line = f"{'held' if reason_code(why) in HELD else 'queued'}: {why}" if why else "queued"
+    elif status.phase == RUNNING:
+        line = f"running on {status.nodes}" if status.nodes else "running"
+    elif status.phase == UNKNOWN:
+        line = f"unknown: {status.reason}"
+    else:
+        line = f"ended: {status.scheduler_state or status.reason or '?'}"
+    return f"{requeued}; {line}" if requeued and status.phase != RUNNING else line
 
 
 @dataclass
@@ -110,6 +169,18 @@ class ActiveJob:
     killed: bool = False
     #: The last reason noted in the job's state records (pending reason, scheduler trouble).
     noted: str | None = None
+    #: GPUs the local allocator gave it (a retry keeps them).
+    devices: tuple[str, ...] = ()
+    #: The backend state last stored on the job (``queued: Resources``, ``running on n1``).
+    backend_state: str | None = None
+    #: Why this attempt follows another (``requeued after NODE_FAIL on n2``), until it runs.
+    requeued: str | None = None
+    #: monotonic time since which the scheduler says the job can never run as asked.
+    infeasible_since: float | None = None
+    #: That reason (``PartitionNodeLimit``...).
+    infeasible: str | None = None
+    #: The nodes this attempt was seen running on (a scheduler's job).
+    ran_on: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -149,6 +220,10 @@ class Runner:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: A scheduler's jobs are looked at by a loop of their own (``_watch``), so that a
+        #: slow scheduler never holds back metric ingestion: (job id, app id) -> last status.
+        self._statuses: dict[tuple[str, str], AppStatus] = {}
+        self._watcher: asyncio.Task[None] | None = None
 
     # --------------------------------------------------------------------------- public
     def files(self, job_id: str) -> JobFiles:
@@ -178,15 +253,18 @@ class Runner:
         for active in await asyncio.to_thread(self._recover):
             self._active[active.job_id] = active
         self._task = asyncio.create_task(self._run(), name="dlrm-vrgd-runner")
+        if self.queues_jobs:
+            self._watcher = asyncio.create_task(self._watch(), name="dlrm-vrgd-watcher")
 
     async def stop(self) -> None:
         """Stop the loop; cancel running jobs if ``cancel_on_shutdown``, else leave them."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._watcher = None
         if not self.settings.cancel_on_shutdown:
             if self._active:
                 logger.info(
@@ -270,26 +348,64 @@ class Runner:
                 await asyncio.wait_for(self._wake.wait(), interval or self.settings.poll_interval_s)
             self._wake.clear()
 
+    async def _watch(self) -> None:
+        """A scheduler's view of every followed job, refreshed in a loop of its own (its
+        commands may take up to their timeout; ingestion goes on meanwhile)."""
+        while not self._stopping:
+            try:
+                for active in list(self._active.values()):
+                    status = await asyncio.to_thread(self.backend.describe, active.handle)
+                    key = (active.job_id, active.handle.app_id)
+                    if self._statuses.get(key) != status:
+                        self._statuses[key] = status
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("runner: looking at the scheduler failed; retrying")
+            await asyncio.sleep(min(self.settings.poll_interval_s, 1.0))
+
+    async def _status(self, active: ActiveJob) -> AppStatus | None:
+        """The backend's view of the job: the watcher's last one for a scheduler (None before
+        its first look), a direct look for local processes (cheap)."""
+        if not self.backend.queues_jobs:
+            return self.backend.describe(active.handle)
+        if self._watcher is not None and not self._watcher.done():
+            return self._statuses.get((active.job_id, active.handle.app_id))
+        return await asyncio.to_thread(self.backend.describe, active.handle)
+
     async def _follow(self, active: ActiveJob) -> None:
         """Ingest new records; finish the job if its process ended; enforce timeout/grace."""
         added = await asyncio.to_thread(self._ingest, active.job_id)
         if added:
             self.notifier.notify(active.job_id)
-        if self.backend.queues_jobs:
-            status = await asyncio.to_thread(self.backend.describe, active.handle)
-        else:
-            status = self.backend.describe(active.handle)
+        status = await self._status(active)
+        if status is None:
+            return
         if status.phase == ENDED:
-            await asyncio.to_thread(self._finish, active, status)
+            self._statuses.pop((active.job_id, active.handle.app_id), None)
+            retry = await asyncio.to_thread(self._finish, active, status)
+            self.notifier.notify(active.job_id)
+            if retry is not None:  # the next attempt runs
+                self._active[active.job_id] = retry
+                if active.stop_reason is not None:  # a cancel came while it was starting
+                    await self._begin_stop(retry, active.stop_reason)
+                return
             self._active.pop(active.job_id, None)
             self._release_gpus(active.job_id)
-            self.notifier.notify(active.job_id)
             self._signal_done(active.job_id)
             return
         if status.phase != active.state or status.reason != active.noted:
             if await asyncio.to_thread(self._observe, active, status):
                 self.notifier.notify(active.job_id)
         now = time.monotonic()
+        if (
+            active.stop_reason is None
+            and active.infeasible_since is not None
+            and now - active.infeasible_since >= self.settings.slurm_infeasible_after_s
+        ):
+            logger.warning("job %s: Slurm cannot run it (%s)", active.job_id, active.infeasible)
+            await self._begin_stop(active, "infeasible")
         if active.stop_reason is None and active.deadline is not None and now >= active.deadline:
             logger.info("job %s: timed out after %.0f s", active.job_id, active.timeout_s or 0)
             await self._begin_stop(active, "timeout")
@@ -408,6 +524,7 @@ class Runner:
                 need = gpus_needed(w.config)
                 free = len(self.gpus.free())
                 self.store.note(w.id, f"waiting for {need} GPU(s); {free} free")
+                self.store.update_job(w.id, backend_state=f"queued: waiting for {need} GPU(s)")
                 noted.append(w.id)
         if job is None:
             return None, noted, []
@@ -415,7 +532,9 @@ class Runner:
         return (job, self.gpus.allocate(job.id, gpus_needed(job.config))), noted, []
 
     def _kind_command(self, job: Job, files: JobFiles) -> list[str]:
-        return KINDS[job.kind].command(self.settings.trainer_python, files, False)
+        # always --resume: a rerun (a retry, a Slurm requeue) of a job whose run directory
+        # holds a run resumes it; a fresh directory starts afresh
+        return KINDS[job.kind].command(self.settings.trainer_python, files, True)
 
     def _child_env(self, job_id: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "DLRM_VRGD_TOKEN"}
@@ -451,7 +570,13 @@ class Runner:
             return None
         assert isinstance(handle, LocalHandle)
         self.store.update_job(
-            job.id, pid=handle.pid, pgid=handle.pgid, proc_start=handle.proc_start
+            job.id,
+            pid=handle.pid,
+            pgid=handle.pgid,
+            proc_start=handle.proc_start,
+            attempt=1,
+            attempts=[new_attempt(1, handle.app_id, None)],
+            backend_state=f"running (pid {handle.pid})",
         )
         if devices:
             self.store.note(job.id, f"running on GPU(s) {visible_devices(devices)}")
@@ -467,6 +592,7 @@ class Runner:
             handle=handle,
             timeout_s=timeout,
             deadline=time.monotonic() + timeout if timeout else None,
+            devices=devices,
         )
 
     def _hand_over(self, job: Job) -> ActiveJob | None:
@@ -485,6 +611,7 @@ class Runner:
             if self._handover_noted.get(job.id) != note:  # once per cause, not every tick
                 self._handover_noted[job.id] = note
                 self.store.note(job.id, note)
+                self.store.update_job(job.id, backend_state=f"queued: {note}")
             return None
         except Exception as err:
             logger.warning("job %s: %s refused it: %s", job.id, self.backend.name, err)
@@ -498,7 +625,13 @@ class Runner:
         active = ActiveJob(job_id=job.id, handle=handle, timeout_s=timeout, deadline=None)
         active.state = QUEUED
         stored = self.store.set_if_state(
-            job.id, [QUEUED], backend=self.backend.name, slurm_job_id=handle.app_id
+            job.id,
+            [QUEUED],
+            backend=self.backend.name,
+            slurm_job_id=handle.app_id,
+            attempt=1,
+            attempts=[new_attempt(1, handle.app_id, None)],
+            backend_state=f"submitted as {self.backend.name.capitalize()} job {handle.app_id}",
         )
         if stored is None:  # cancelled (or deleted) while sbatch ran: end it there too
             logger.info("job %s: cancelled while being submitted; cancelling it there", job.id)
@@ -513,17 +646,41 @@ class Runner:
 
     def _observe(self, active: ActiveJob, status: AppStatus) -> bool:
         """Record what the backend says of a job that has not ended: queued -> running when
-        the scheduler starts it; its pending reason or trouble as a note. True if recorded."""
+        the scheduler starts it; its backend state (``queued: Resources``, ``running on
+        n[1-2]``) on the job; its pending reason or trouble as a note. True if recorded."""
+        if status.phase == PENDING and active.ran_on is not None:
+            self._requeued_by_scheduler(active)
+        if status.phase == RUNNING and status.nodes:
+            active.requeued, active.ran_on = None, status.nodes
+        line = backend_line(status, active.requeued)
+        changed = False
+        if line != active.backend_state:
+            active.backend_state = line
+            fields: dict[str, object] = {"backend_state": line}
+            if status.nodes:
+                fields["nodes"] = status.nodes
+                job = self.store.get_job(active.job_id)
+                if job is not None and job.attempts and not job.attempts[-1].get("nodes"):
+                    attempts = [dict(a) for a in job.attempts]
+                    attempts[-1]["nodes"] = status.nodes
+                    fields["attempts"] = attempts
+            self.store.update_job(active.job_id, **fields)
+            changed = True
+        if status.phase == PENDING and reason_code(status.detail) in INFEASIBLE:
+            if active.infeasible != status.detail:
+                active.infeasible, active.infeasible_since = status.detail, time.monotonic()
+        else:
+            active.infeasible = active.infeasible_since = None
         if status.phase == UNKNOWN:
             if status.reason == active.noted:
-                return False
+                return changed
             active.noted = status.reason
             logger.warning("job %s: %s", active.job_id, status.reason)
             self.store.note(active.job_id, f"cannot follow it now: {status.reason}")
             return True
         if status.phase == PENDING or active.state == RUNNING:
             if status.reason == active.noted or not status.reason:
-                return False
+                return changed
             active.noted = status.reason
             self.store.note(active.job_id, status.reason)
             return True
@@ -535,31 +692,62 @@ class Runner:
         active.state, active.noted = RUNNING, status.reason
         if moved is not None:
             logger.info("job %s: %s", active.job_id, message)
-        return moved is not None
+        return moved is not None or changed
 
     def _ingest(self, job_id: str) -> int:
-        """Tail the job's metrics.jsonl and gsnr.jsonl into the store."""
+        """Tail the job's metrics.jsonl and gsnr.jsonl into the store.
+
+        A file rewritten since the last look (a new inode, or shorter: a resumed attempt keeps
+        only the records up to its checkpoint) is reconciled record by record: the records
+        the attempts share stay (same ``seq``), those after the resume point go, the new
+        attempt's follow. The series thus continue across attempts with no step twice."""
         job = self.store.get_job(job_id)
         if job is None:
             return 0
         files = self.files(job_id)
         reads = {}
-        for stream, path, offset in (
-            ("metrics", files.metrics, job.metrics_offset),
-            ("gsnr", files.gsnr, job.gsnr_offset),
+        changed = 0
+        for stream, path, offset, inode in (
+            ("metrics", files.metrics, job.metrics_offset, job.metrics_inode),
+            ("gsnr", files.gsnr, job.gsnr_offset, job.gsnr_inode),
         ):
+            now_inode = file_inode(path)
             got = read_new_records(path, offset)
-            if got is None:
-                logger.warning("job %s: %s was rewritten; reading it again", job_id, path.name)
-                self.store.reset_stream(job_id, stream)
-                got = read_new_records(path, 0) or ([], 0)
-            reads[stream] = got
-        (metrics, m_off), (gsnr, g_off) = reads["metrics"], reads["gsnr"]
+            replaced = inode is not None and now_inode is not None and now_inode != inode
+            if got is None or replaced:
+                records, end = read_all_records(path)
+                gone, added = self.store.reconcile_stream(job_id, stream, records, end, now_inode)
+                logger.info(
+                    "job %s: %s was rewritten (a resumed run): %d record(s) dropped, %d added",
+                    job_id,
+                    path.name,
+                    gone,
+                    added,
+                )
+                changed += gone + added
+                if stream == "metrics":
+                    progress = update_progress(
+                        {k: v for k, v in job.progress.items() if k == "total_steps"},
+                        records,
+                        [],
+                    )
+                    progress["updated_at"] = utcnow().isoformat()
+                    self.store.update_job(job_id, progress=progress)
+                job = self.store.get_job(job_id) or job
+                got = ([], end)
+                now_inode = file_inode(path) if now_inode is None else now_inode
+            reads[stream] = (*got, now_inode)
+        (metrics, m_off, m_ino), (gsnr, g_off, g_ino) = reads["metrics"], reads["gsnr"]
+        same_inodes = (m_ino, g_ino) == (job.metrics_inode, job.gsnr_inode)
         if not metrics and not gsnr and (m_off, g_off) == (job.metrics_offset, job.gsnr_offset):
-            return 0
+            if not same_inodes:
+                self.store.update_job(job_id, metrics_inode=m_ino, gsnr_inode=g_ino)
+            return changed
         progress = update_progress(job.progress, metrics, gsnr)
         progress["updated_at"] = utcnow().isoformat()
-        return self.store.ingest(job_id, metrics, m_off, gsnr, g_off, progress)
+        return changed + self.store.ingest(
+            job_id, metrics, m_off, gsnr, g_off, progress, inodes=(m_ino, g_ino)
+        )
 
     def _kill_all(self, active: ActiveJob) -> None:
         """The grace period is over: SIGKILL the job's processes (ask the scheduler again)."""
@@ -568,13 +756,15 @@ class Runner:
         except BackendUnavailable as err:
             logger.error("job %s: could not kill it: %s", active.job_id, err)
 
-    def _finish(self, active: ActiveJob, status: AppStatus, orphaned: bool = False) -> None:
-        """Settle a job whose main process ended: ingest the rest, clean the group, decide."""
+    def _finish(
+        self, active: ActiveJob, status: AppStatus, orphaned: bool = False
+    ) -> ActiveJob | None:
+        """Settle a job whose main process ended: ingest the rest, clean the group, decide.
+        Returns the next attempt when the job is retried (see service/jobs/retry.py)."""
         self._ingest(active.job_id)
         self.backend.settle(active.handle)
         if self.backend.queues_jobs:
-            self._finish_scheduled(active, status)
-            return
+            return self._finish_scheduled(active, status)
         assert isinstance(active.handle, LocalHandle)
         pid, exit_code = active.handle.pid, status.exit_code
         files = self.files(active.job_id)
@@ -600,6 +790,9 @@ class Runner:
         else:
             state = FAILED
             how = process.describe_exit(exit_code)
+            retry, cause = self._retry(active, exit_code, None)
+            if retry is not None:
+                return retry
             if orphaned:
                 message = (
                     f"process {pid} was gone when the service restarted ({how}; "
@@ -611,12 +804,16 @@ class Runner:
                 message = "exit status 0 but no result.json"
             else:
                 message = how
+            message += cause
             fields["error"] = self._reason(message, active)
+        self._end_attempt(active.job_id, message or state, exit_code, fields)
+        fields["backend_state"] = f"ended: {message or state}"
         job = self.store.transition(active.job_id, [RUNNING], state, message, **fields)
         if job is not None:
             logger.info("job %s: %s%s", active.job_id, state, f" ({message})" if message else "")
+        return None
 
-    def _finish_scheduled(self, active: ActiveJob, status: AppStatus) -> None:
+    def _finish_scheduled(self, active: ActiveJob, status: AppStatus) -> ActiveJob | None:
         """Settle a job the scheduler says ended, from its verdict (and result.json)."""
         files = self.files(active.job_id)
         result = read_result(files)
@@ -632,6 +829,13 @@ class Runner:
             state = FAILED
             message = f"{label} {status.reason or 'ended'} but the run wrote no result.json"
             fields["error"] = self._reason(message, active)
+        elif status.outcome == "cancelled" and active.stop_reason == "infeasible":
+            state = FAILED
+            message = (
+                f"{label}: Slurm cannot run this job as asked ({active.infeasible}); it "
+                f"waited {self.settings.slurm_infeasible_after_s:g} s and was cancelled"
+            )
+            fields["error"] = message
         elif status.outcome == "cancelled":
             state = CANCELLED
             if active.stop_reason == "cancel":
@@ -642,6 +846,12 @@ class Runner:
                 message = f"{label} {status.reason}: cancelled outside the service"
         else:
             state = FAILED
+            if active.stop_reason is None:
+                retry, cause = self._retry(active, code, status.scheduler_state)
+                if retry is not None:
+                    return retry
+            else:
+                cause = ""
             message = f"{label} {status.reason}"
             if status.scheduler_state == "TIMEOUT" and active.timeout_s:
                 message += f" ({time_limit_minutes(active.timeout_s)} min)"
@@ -650,14 +860,113 @@ class Runner:
             details = self.backend.explain(active.handle, files)
             if details:
                 message += "; " + "; ".join(details)
+            message += cause
             fields["error"] = self._reason(message, active)
         if state == SUCCEEDED:  # ran between two looks: it was running after all
             self.store.transition(
                 active.job_id, [QUEUED], RUNNING, status.reason, started_at=utcnow()
             )
+        self._end_attempt(active.job_id, message or status.reason or state, code, fields)
+        fields["backend_state"] = f"ended: {status.scheduler_state or state}"
         job = self.store.transition(active.job_id, [QUEUED, RUNNING], state, message, **fields)
         if job is not None:
             logger.info("job %s: %s%s", active.job_id, state, f" ({message})" if message else "")
+        return None
+
+    # ------------------------------------------------------------------------ retries
+    def _requeued_by_scheduler(self, active: ActiveJob) -> None:
+        """The scheduler put a running job back in its queue itself (``scontrol requeue``,
+        preemption with requeue): the same batch script reruns and resumes (it always passes
+        ``--resume``); record the next attempt."""
+        job = self.store.get_job(active.job_id)
+        if job is None:
+            return
+        cause = f"requeued by {self.backend.name.capitalize()} (it ran on {active.ran_on})"
+        fields: dict[str, object] = {}
+        attempts = self._end_attempt(job.id, cause, None, fields)
+        step = resume_step(self.files(job.id).run_dir) if job.kind == "train" else None
+        attempts.append(new_attempt(max(job.attempt, 1) + 1, active.handle.app_id, step))
+        self.store.update_job(job.id, attempt=max(job.attempt, 1) + 1, attempts=attempts)
+        self.store.note(job.id, f"attempt {max(job.attempt, 1)} ended: {cause}")
+        active.requeued, active.ran_on = cause, None
+
+    def _end_attempt(
+        self, job_id: str, ended: str, exit_code: int | None, fields: dict[str, object]
+    ) -> list[dict[str, object]]:
+        """Close the job's current attempt record (into ``fields["attempts"]``)."""
+        job = self.store.get_job(job_id)
+        attempts = [dict(a) for a in (job.attempts if job is not None else [])]
+        if attempts and attempts[-1].get("ended_at") is None:
+            attempts[-1].update(
+                ended_at=utcnow().isoformat(), ended=ended.split("; last log lines")[0],
+                exit_code=exit_code,
+            )  # fmt: skip
+            fields["attempts"] = attempts
+        return attempts
+
+    def _retry(
+        self, active: ActiveJob, exit_code: int | None, scheduler_state: str | None
+    ) -> tuple[ActiveJob | None, str]:
+        """Start the job's next attempt if this one failed for the infrastructure's reasons
+        and retries are left: (the next attempt, "") ; else (None, what to add to the job's
+        reason: the cause and "no retries left", or "")."""
+        job = self.store.get_job(active.job_id)
+        if job is None or job.state not in (QUEUED, RUNNING) or active.stop_reason is not None:
+            return None, ""
+        files = self.files(job.id)
+        lines = list(self.backend.log_iter(active.handle, files, 200))
+        cause = infrastructure_cause(exit_code, lines, files, scheduler_state)
+        if cause is None:
+            return None, ""
+        attempt = max(job.attempt, 1)
+        if attempt - 1 >= job.max_retries:
+            return None, (
+                f" (an infrastructure failure: {cause}; no retries left, max_retries "
+                f"{job.max_retries})"
+            )
+        step = resume_step(files.run_dir) if job.kind == "train" else None
+        nxt = attempt + 1
+        fields: dict[str, object] = {}
+        attempts = self._end_attempt(job.id, cause, exit_code, fields)
+        try:
+            cmd = self._command(job, files)
+            env = self._child_env(job.id)
+            request = LaunchRequest(job, files, cmd, env, active.devices, active.timeout_s)
+            handle = self.backend.schedule(request)
+        except Exception as err:
+            logger.exception("job %s: could not start attempt %d", job.id, nxt)
+            return None, f" ({cause}; its retry could not start: {err})"
+        attempts.append(new_attempt(nxt, handle.app_id, step))
+        what = "a finished cell is skipped" if step is None else f"resumes from step {step}"
+        if job.kind == "score":
+            what = "starts over"
+        total = job.max_retries + 1
+        message = f"attempt {attempt} ended: {cause}; attempt {nxt} of {total} {what}"
+        requeued = f"requeued after {cause}" if self.backend.queues_jobs else None
+        fields.update(
+            attempt=nxt, attempts=attempts, backend_state=requeued or f"restarted after {cause}"
+        )
+        if isinstance(handle, LocalHandle):
+            fields.update(pid=handle.pid, pgid=handle.pgid, proc_start=handle.proc_start)
+        else:
+            fields.update(slurm_job_id=handle.app_id)
+            message += f" (Slurm job {handle.app_id})"
+        self.store.update_job(job.id, **fields)
+        self.store.note(job.id, message)
+        logger.warning("job %s: %s", job.id, message)
+        return (
+            ActiveJob(
+                job_id=job.id,
+                handle=handle,
+                timeout_s=active.timeout_s,
+                deadline=active.deadline,
+                state=active.state,
+                devices=active.devices,
+                backend_state=str(fields["backend_state"]),
+                requeued=requeued,
+            ),
+            "",
+        )
 
     def _reason(self, head: str, active: ActiveJob) -> str:
         files = self.files(active.job_id)
@@ -706,7 +1015,9 @@ class Runner:
                 elapsed = (utcnow() - job.started_at).total_seconds()
                 deadline = time.monotonic() + max(0.0, timeout - elapsed)
             active = ActiveJob(job_id=job.id, handle=handle, timeout_s=timeout, deadline=deadline)
-            active.state = job.state
+            active.state, active.backend_state = job.state, job.backend_state
+            if not self.backend.queues_jobs:
+                active.devices = tuple(read_assignment(self.files(job.id).root, job.pid) or ())
             if self.backend.queues_jobs:
                 if job.slurm_job_id is None:
                     self.store.set_if_state(
@@ -729,7 +1040,10 @@ class Runner:
                 reattached.append(active)
             else:  # its exit status, if its supervisor recorded one
                 logger.warning("job %s: process %d is gone", job.id, handle.pid)
-                self._finish(active, status, orphaned=True)
+                retry = self._finish(active, status, orphaned=True)
+                if retry is not None:  # it died while the service was down: retried now
+                    self._adopt_gpus(job)
+                    reattached.append(retry)
         return reattached
 
     def _adopt_gpus(self, job: Job) -> None:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from dlrm_vrgd.advice import advise_records, noise_records
 from dlrm_vrgd.config import CriteoData, TrainConfig
@@ -34,6 +34,7 @@ from service.errors import (
     Unavailable,
 )
 from service.jobs import files as jobfiles
+from service.jobs import logs as joblogs
 from service.jobs.gpus import gpu_request
 from service.jobs.kinds import KINDS
 from service.jobs.notifier import Notifier
@@ -49,6 +50,8 @@ from service.shown import shown, shown_obj
 EVENT_PAGE = 500
 #: An idle event stream re-reads the store this often even without a wake-up.
 EVENT_RECHECK_S = 5.0
+#: A followed log is looked at this often for new bytes.
+LOG_FOLLOW_S = 0.25
 
 
 def new_job_id() -> str:
@@ -79,6 +82,17 @@ class JobService:
         return JobPublic.from_job(job, self.show)
 
     # ----------------------------------------------------------------------------- jobs
+    def submit_once(self, body: JobCreate) -> tuple[Job, bool]:
+        """Submit, or, for a ``submission_id`` already used, the job it made: (job, created)."""
+        if body.submission_id is not None:
+            first = self.store.by_submission(body.submission_id)
+            if first is not None:
+                return first, False
+        try:
+            return self.submit(body), True
+        except _SubmittedMeanwhile as race:
+            return race.job, False
+
     def submit(self, body: JobCreate) -> Job:
         """Store a new queued job (its config written to its directory) and wake the runner.
 
@@ -159,10 +173,34 @@ class JobService:
                 first, str(err), (*loc, *first.split(".")[1:]), also=tuple(rest)
             ) from None
 
+    def _scheduler_options(self, body: JobCreate, resolved: dict[str, Any]) -> dict[str, Any]:
+        """The job's own scheduler options, checked against what the backend has (``sinfo``):
+        422 naming the field for one no node or partition can satisfy."""
+        backend = self.runner.backend
+        options = body.slurm.model_dump(exclude_none=True) if body.slurm is not None else {}
+        if options.get("extra_flags") == []:
+            del options["extra_flags"]
+        if options and backend.name != "slurm":
+            raise InvalidInput(
+                "slurm",
+                f"Slurm options, but this service runs jobs with the {backend.name} backend "
+                "(DLRM_VRGD_BACKEND)",
+                ("body", "slurm"),
+            )
+        problem = backend.check_request(body.kind, resolved, options)
+        if problem is not None:
+            field, message = problem
+            raise InvalidInput(field, message, ("body", *field.split(".")))
+        return options
+
     def _create(self, body: JobCreate, resolved: dict[str, Any]) -> Job:
         problem = self.runner.backend.available()
         if problem is not None:
             raise Unavailable(f"cannot take jobs now: {problem}")
+        scheduler = self._scheduler_options(body, resolved)
+        max_retries = body.max_retries
+        if max_retries is None:
+            max_retries = 0 if body.kind == "score" else self.settings.max_retries
         need, field = gpu_request(resolved)
         if not self.runner.queues_jobs and need > self.runner.gpus.capacity:
             have = ",".join(self.runner.gpus.devices) or "none"
@@ -186,10 +224,22 @@ class JobService:
             raise StorageError.from_os_error("the job's config", err) from None
         try:
             job = self.store.create_job(
-                job_id, body.name, body.kind, resolved, body.timeout_s, progress=progress
+                job_id,
+                body.name,
+                body.kind,
+                resolved,
+                body.timeout_s,
+                progress=progress,
+                max_retries=max_retries,
+                submission_id=body.submission_id,
+                scheduler=scheduler or None,
             )
         except BaseException as err:
             shutil.rmtree(files.root, ignore_errors=True)
+            if isinstance(err, IntegrityError) and body.submission_id is not None:
+                first = self.store.by_submission(body.submission_id)
+                if first is not None:  # the same submission, posted twice at once
+                    raise _SubmittedMeanwhile(first) from None
             if isinstance(err, OSError):
                 raise StorageError.from_os_error("the job", err) from None
             if isinstance(err, DBAPIError):  # SQLite: "database or disk is full", ...
@@ -269,9 +319,45 @@ class JobService:
             raise ResultNotFound(f"job {job_id} has no result ({job.state})")
         return shown_obj(result)
 
-    def log_tail(self, job_id: str, lines: int) -> list[str]:
-        self.get(job_id)
-        return [redact(line) for line in jobfiles.tail_lines(self.files(job_id).log, lines)]
+    def log_tail(self, job_id: str, lines: int, rank: int | None = None) -> list[str]:
+        job = self.get(job_id)
+        if rank is None:
+            return [redact(line) for line in jobfiles.tail_lines(self.files(job_id).log, lines)]
+        found = jobfiles.tail_lines(self.files(job_id).log, 1_000_000)
+        return [redact(line) for line in joblogs.rank_lines(found, rank, _nproc(job))[-lines:]]
+
+    def log_from(self, job_id: str, offset: int, rank: int | None = None) -> tuple[bytes, int]:
+        """The log's bytes from ``offset`` (one rank's lines with ``rank``) and the offset to
+        ask from next."""
+        job = self.get(job_id)
+        data, end = joblogs.read_from(self.files(job_id).log, offset)
+        return _redact_bytes(joblogs.RankFilter(rank, _nproc(job)).feed(data, final=True)), end
+
+    async def log_follow(
+        self, job_id: str, offset: int | None, rank: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """The log's new bytes as they come, from ``offset`` (default: its end now), until
+        the job has finished and all of its log was sent (or the server stops)."""
+        job = await asyncio.to_thread(self.get, job_id)
+        path = self.files(job_id).log
+        if offset is None:
+            offset = path.stat().st_size if path.exists() else 0
+        lines = joblogs.RankFilter(rank, _nproc(job))
+        while not self.should_exit():
+            data, offset = await asyncio.to_thread(joblogs.read_from, path, offset)
+            if data:
+                out = lines.feed(data)
+                if out:
+                    yield _redact_bytes(out)
+                continue
+            current = await asyncio.to_thread(self.store.get_job, job_id)
+            if current is None or current.state in TERMINAL:
+                data, offset = await asyncio.to_thread(joblogs.read_from, path, offset)
+                out = lines.feed(data, final=True)
+                if out:
+                    yield _redact_bytes(out)
+                return
+            await asyncio.sleep(LOG_FOLLOW_S)
 
     def artifacts(self, job_id: str) -> list[jobfiles.Artifact]:
         self.get(job_id)
@@ -358,6 +444,25 @@ class JobService:
             if not read and now - last_sent >= keepalive:
                 yield b": keep-alive\n\n"
                 last_sent = now
+
+
+def _nproc(job: Job) -> int:
+    run = job.config.get("run", {}) if job.kind == "train" else {}
+    return int(run.get("nproc_per_node", 1) or 1) if isinstance(run, dict) else 1
+
+
+class _SubmittedMeanwhile(Exception):
+    """Another request with the same submission_id stored its job first."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job.id)
+        self.job = job
+
+
+def _redact_bytes(data: bytes) -> bytes:
+    """Log bytes with secrets masked (whole lines: the filters hand out complete lines)."""
+    text = data.decode("utf-8", "surrogateescape")
+    return redact(text).encode("utf-8", "surrogateescape")
 
 
 def _sse(event: str, data: str, event_id: int | None = None) -> bytes:

@@ -58,6 +58,15 @@ class Job:
     gsnr_offset: int = 0
     backend: str | None = None
     slurm_job_id: str | None = None
+    metrics_inode: int | None = None
+    gsnr_inode: int | None = None
+    max_retries: int = 0
+    attempt: int = 0
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    backend_state: str | None = None
+    nodes: str | None = None
+    submission_id: str | None = None
+    scheduler: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_row(cls, row: JobRow) -> Job:
@@ -82,6 +91,15 @@ class Job:
             gsnr_offset=row.gsnr_offset,
             backend=row.backend,
             slurm_job_id=row.slurm_job_id,
+            metrics_inode=row.metrics_inode,
+            gsnr_inode=row.gsnr_inode,
+            max_retries=row.max_retries or 0,
+            attempt=row.attempt or 0,
+            attempts=[dict(a) for a in row.attempts or []],
+            backend_state=row.backend_state,
+            nodes=row.nodes,
+            submission_id=row.submission_id,
+            scheduler=dict(row.scheduler or {}),
         )
 
 
@@ -154,6 +172,10 @@ class Store:
                 if name not in have:
                     logger.info("store: adding column jobs.%s", name)
                     conn.exec_driver_sql(f"ALTER TABLE jobs ADD COLUMN {name} {sql_type}")
+            # a column added by ALTER TABLE cannot be UNIQUE: an index makes it so
+            conn.exec_driver_sql(
+                "CREATE UNIQUE INDEX IF NOT EXISTS ix_jobs_submission_id ON jobs (submission_id)"
+            )
             conn.commit()
 
     def close(self) -> None:
@@ -174,7 +196,10 @@ class Store:
         config: dict[str, Any],
         timeout_s: float | None,
         progress: dict[str, Any] | None = None,
+        **extra: Any,
     ) -> Job:
+        """A new queued job; ``extra``: more columns (max_retries, submission_id, scheduler).
+        A ``submission_id`` already taken raises :class:`sqlalchemy.exc.IntegrityError`."""
         now = utcnow()
         with self._tx() as s:
             row = JobRow(
@@ -189,6 +214,7 @@ class Store:
                 metrics_offset=0,
                 gsnr_offset=0,
                 next_seq=1,
+                **extra,
             )
             s.add(row)
             s.flush()
@@ -227,6 +253,12 @@ class Store:
                 .offset(offset)
             ).all()
             return [Job.from_row(r) for r in rows], int(count)
+
+    def by_submission(self, submission_id: str) -> Job | None:
+        """The job submitted with this client-chosen id, if any."""
+        with self._read() as s:
+            row = s.scalars(select(JobRow).where(JobRow.submission_id == submission_id)).first()
+            return Job.from_row(row) if row is not None else None
 
     def jobs_in_state(self, state: str) -> list[Job]:
         """Jobs in ``state``, oldest first (FIFO)."""
@@ -335,6 +367,7 @@ class Store:
         gsnr: list[dict[str, Any]],
         gsnr_offset: int,
         progress: dict[str, Any] | None,
+        inodes: tuple[int | None, int | None] | None = None,
     ) -> int:
         """Append tailed records and advance the file offsets, in one transaction (a crash
         neither loses nor duplicates a record). Returns the number of records added."""
@@ -346,23 +379,14 @@ class Store:
             added = []
             for stream, records in (("metrics", metrics), ("gsnr", gsnr)):
                 for rec in records:
-                    step = rec.get("step")
-                    added.append(
-                        RecordRow(
-                            job_id=job_id,
-                            seq=seq,
-                            stream=stream,
-                            kind=_short(rec.get("kind")) if stream == "metrics" else None,
-                            split=_short(rec.get("split")) if stream == "metrics" else None,
-                            step=step if isinstance(step, int) else None,
-                            data=json.dumps({"seq": seq, **rec}, allow_nan=False),
-                        )
-                    )
+                    added.append(_record_row(job_id, seq, stream, rec))
                     seq += 1
             s.add_all(added)
             row.next_seq = seq
             row.metrics_offset = metrics_offset
             row.gsnr_offset = gsnr_offset
+            if inodes is not None:
+                row.metrics_inode, row.gsnr_inode = inodes
             if progress is not None:
                 row.progress = progress
             return len(added)
@@ -376,6 +400,51 @@ class Store:
             )
             offset_col = {"metrics": JobRow.metrics_offset, "gsnr": JobRow.gsnr_offset}[stream]
             s.execute(update(JobRow).where(JobRow.id == job_id).values({offset_col: 0}))
+
+    def reconcile_stream(
+        self,
+        job_id: str,
+        stream: str,
+        records: list[dict[str, Any]],
+        offset: int,
+        inode: int | None,
+    ) -> tuple[int, int]:
+        """The stream's file was rewritten (a resumed run keeps the records up to its
+        checkpoint): ``records`` is the whole file now. Stored records equal to the file's,
+        in order, are kept (their ``seq`` too); the stored ones after the first difference are
+        deleted and the file's from there on are appended. Returns (deleted, added)."""
+        offset_col = {"metrics": "metrics_offset", "gsnr": "gsnr_offset"}[stream]
+        with self._tx() as s:
+            row = s.get(JobRow, job_id)
+            if row is None:
+                return 0, 0
+            stored = s.execute(
+                select(RecordRow.seq, RecordRow.data)
+                .where(RecordRow.job_id == job_id, RecordRow.stream == stream)
+                .order_by(RecordRow.seq)
+            ).all()
+            same = 0
+            for (_, data), rec in zip(stored, records, strict=False):
+                old = json.loads(data)
+                old.pop("seq", None)
+                if old != json.loads(json.dumps(rec)):
+                    break
+                same += 1
+            gone = [int(seq) for seq, _ in stored[same:]]
+            for i in range(0, len(gone), _IN_CHUNK):
+                s.execute(
+                    delete(RecordRow).where(
+                        RecordRow.job_id == job_id, RecordRow.seq.in_(gone[i : i + _IN_CHUNK])
+                    )
+                )
+            seq = row.next_seq
+            for rec in records[same:]:
+                s.add(_record_row(job_id, seq, stream, rec))
+                seq += 1
+            row.next_seq = seq
+            setattr(row, offset_col, offset)
+            setattr(row, f"{stream}_inode", inode)
+            return len(gone), len(records) - same
 
     def records_after(self, job_id: str, after: int, limit: int) -> list[tuple[int, str, str]]:
         """``(seq, stream, data)`` of the job's records with ``seq > after``, in order."""
@@ -446,6 +515,19 @@ class Store:
                 ):
                     data[int(seq)] = str(d)
             return Series([data[q] for q in chosen], chosen[-1] if more and chosen else None)
+
+
+def _record_row(job_id: str, seq: int, stream: str, rec: dict[str, Any]) -> RecordRow:
+    step = rec.get("step")
+    return RecordRow(
+        job_id=job_id,
+        seq=seq,
+        stream=stream,
+        kind=_short(rec.get("kind")) if stream == "metrics" else None,
+        split=_short(rec.get("split")) if stream == "metrics" else None,
+        step=step if isinstance(step, int) else None,
+        data=json.dumps({"seq": seq, **rec}, allow_nan=False),
+    )
 
 
 def _short(value: Any) -> str | None:

@@ -82,7 +82,8 @@ def main(argv: list[str]) -> int:
     except OSError as err:
         print(f"could not record the exit status in {exit_file}: {err}", file=sys.stderr)
     if code < 0:  # end as the child did: killed by the same signal
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code if code >= 0 else 128 - code
 

@@ -7,6 +7,7 @@ installed (``.ci/run`` installs it)."""
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +41,7 @@ def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     """The session's cluster, emptied after each test."""
     yield slurm_cluster
     slurm_cluster.cancel_all()
+    slurm_cluster.heal()
 
 
 @pytest.fixture
@@ -322,22 +324,186 @@ def test_slurm_unreachable_refuses_to_start_and_answers_503_on_submit(
         assert client.jobs()["count"] == 0  # nothing stored
     finally:
         slurm.resume_controller()
-    # Slurm is back; a job on more nodes than the partition has: Slurm holds it, says why
+    # Slurm is back; a job on more nodes than the partition has is refused at submit (sinfo)
     too_big = wait_for(lambda: _submits(client), timeout=30, every=0.5)
-    assert wait_for(lambda: client.job(too_big["id"])["slurm_job_id"], timeout=30)
-    deadline = time.monotonic() + 30
-    # Slurm 22.05 gives either reason for more nodes than the partition has
-    held = ("queued in Slurm: PartitionConfig", "queued in Slurm: PartitionNodeLimit")
-    while not set(held) & set(seen := state_messages(client, too_big["id"])):
-        assert time.monotonic() < deadline, f"no PartitionConfig/NodeLimit reason: {seen}"
-        time.sleep(0.5)
-    assert client.job(too_big["id"])["state"] == "queued"
-    assert client.cancel(too_big["id"])["state"] == "cancelled"
+    assert too_big.status_code == 422, too_big.text
+    issue = too_big.json()["detail"][0]
+    assert issue["field"] == "config.run.nnodes"
+    assert "asks for 4 nodes; Slurm partition debug has 2 (PartitionNodeLimit" in issue["msg"]
+    assert client.jobs()["count"] == 0
 
 
-def _submits(client: ServiceClient) -> dict[str, Any] | None:
-    try:
-        return client.submit("four-nodes", tiny_job(nnodes=4))
-    except ApiError as err:
-        assert err.status_code == 503
+def _submits(client: ServiceClient) -> httpx.Response | None:
+    response = client.http.post(
+        f"{API}/jobs", json={"name": "four-nodes", "config": tiny_job(nnodes=4)}
+    )
+    if response.status_code == 503:
         return None
+    return response
+
+
+def test_a_node_down_mid_job_is_retried_and_resumes_from_its_checkpoint(
+    slurm: SlurmCluster,
+    slurm_env: dict[str, str],
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+) -> None:
+    """n2 goes DOWN under a two-node job (as in the outside check): Slurm ends it NODE_FAIL;
+    the service says so on the job, submits it again (max_retries 1), and the second attempt
+    resumes from the newest checkpoint in the same run directory once the node is back. The
+    job succeeds with every train step once; both attempts are on the job and in its events."""
+    svc = start_service(**slurm_env)
+    client = client_of(svc)
+    steps = 80
+    config = tiny_job(nnodes=2, steps=steps, checkpoint_every=10, log_every=1, threads=1)
+    job = client.submit("node-down", config | {"optim": OPTIM})
+    run = svc.data_dir / "jobs" / job["id"] / "run"
+    wait_for(lambda: running_step(client, job["id"], 25), timeout=240, every=0.2)
+    running = client.job(job["id"])
+    assert running["backend_state"] == "running on n[1-2]" and running["nodes"] == "n[1-2]"
+    assert (
+        running["attempt"] == 1 and running["attempts"][0]["backend_id"] == running["slurm_job_id"]
+    )
+    first_id = running["slurm_job_id"]
+    assert list((run / "checkpoints").glob("step_*"))
+    slurm.scontrol("update", "nodename=n2", "state=down", "reason=dlrm-vrgd-test")
+
+    retried = wait_for(lambda: (j := client.job(job["id"]))["attempt"] == 2 and j, timeout=120)
+    assert retried["state"] == "running" and retried["slurm_job_id"] != first_id
+    ended = retried["attempts"][0]
+    assert ended["ended"] == "NODE_FAIL on n2", ended
+    assert "JobState=NODE_FAIL" in (slurm.jobcomp(first_id) or "")
+    assert retried["backend_state"].startswith("requeued after NODE_FAIL on n2")
+    resumed = retried["attempts"][1]["resumed_from_step"]
+    assert resumed >= 20 and resumed % 10 == 0
+    slurm.heal()  # the node comes back; the second attempt can run
+
+    done = client.wait(job["id"], timeout=300)
+    assert done["state"] == "succeeded", done["error"]
+    assert [a["attempt"] for a in done["attempts"]] == [1, 2]
+    assert done["attempts"][1]["nodes"] == "n[1-2]" and done["attempts"][1]["ended"]
+    train = client.metrics(done["id"], kind="train", limit=10_000)["data"]
+    assert [r["step"] for r in train] == list(range(1, steps + 1))
+    messages = state_messages(client, job["id"])
+    assert any(
+        m.startswith(
+            f"attempt 1 ended: NODE_FAIL on n2; attempt 2 of 2 resumes from step {resumed}"
+        )
+        for m in messages
+    ), messages
+    log = (svc.data_dir / "jobs" / job["id"] / "train.log").read_text()
+    assert "Node failure on n2" in log
+    # every line of a rank keeps its label (progress too: plain lines, no redraws)
+    assert "\r" not in log
+    assert any(re.match(rf"0: .*step \d+/{steps} loss", ln) for ln in log.splitlines()), log[-4000:]
+    rank1 = client.http.get(
+        f"{API}/jobs/{job['id']}/logs", params={"rank": 1, "tail": 10_000}
+    ).text.splitlines()
+    assert rank1 and all(ln.startswith("1: ") for ln in rank1)
+    records = client.metrics(done["id"], limit=10_000)["data"]
+    starts = [r for r in records if r["kind"] == "start"]  # one per attempt
+    assert [r["start_step"] for r in starts] == [0, resumed]
+    script = (svc.data_dir / "jobs" / job["id"] / "slurm.sbatch").read_text()
+    assert "#SBATCH --no-requeue" in script and " --resume" in script
+
+
+def test_infeasible_jobs_fail_with_slurms_reason_and_config_errors_are_not_retried(
+    slurm: SlurmCluster,
+    slurm_env: dict[str, str],
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+    tmp_path: Path,
+) -> None:
+    """A limit sinfo does not show (the partition's MaxNodes lowered to 1): Slurm holds the
+    two-node job (PartitionNodeLimit); the job says "held: PartitionNodeLimit" and fails
+    within DLRM_VRGD_SLURM_INFEASIBLE_AFTER_S with that reason. A config error (an empty
+    Criteo directory: exit status 2) fails after one attempt though retries are left."""
+    client = client_of(start_service(**slurm_env, DLRM_VRGD_SLURM_INFEASIBLE_AFTER_S="4"))
+    assert "MaxNodes=1" in slurm.scontrol("update", "partitionname=debug", "MaxNodes=1") + (
+        slurm.scontrol("show", "partition", "debug", "-o")
+    )
+    held = client.submit("held", tiny_job(nnodes=2))
+    seen = wait_for(
+        lambda: (j := client.job(held["id"]))["backend_state"] == "held: PartitionNodeLimit" and j,
+        timeout=60,
+    )
+    assert seen["state"] == "queued"
+    failed = client.wait(held["id"], timeout=60)
+    assert failed["state"] == "failed", failed
+    assert "Slurm cannot run this job as asked (PartitionNodeLimit)" in failed["error"]
+    slurm.heal()
+
+    empty = tmp_path / "no-criteo-files"
+    empty.mkdir()
+    config = tiny_job() | {"data": {"source": "criteo", "path": str(empty)}}
+    bad = client.submit("bad-data", config, max_retries=2)
+    done = client.wait(bad["id"], timeout=120)
+    assert done["state"] == "failed" and done["exit_code"] == 2, done["error"]
+    assert done["attempt"] == 1 and len(done["attempts"]) == 1
+    assert f"Name=dlrm-vrgd-{bad['id']} " in (slurm.root / "jobcomp.txt").read_text()
+    assert (slurm.root / "jobcomp.txt").read_text().count(f"Name=dlrm-vrgd-{bad['id']} ") == 1
+
+
+def test_per_job_options_land_in_the_batch_script_and_one_submission_id_makes_one_job(
+    slurm: SlurmCluster,
+    slurm_env: dict[str, str],
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+) -> None:
+    svc = start_service(**slurm_env)
+    client = client_of(svc)
+    options = {
+        "partition": "debug",
+        "time": "0:10:00",
+        "cpus_per_task": 1,
+        "mem": "1G",
+        "exclusive": False,
+        "comment": "issue 27 check",
+        "extra_flags": ["--nice=5"],
+    }
+    body = {"name": "opts", "config": tiny_job(), "slurm": options, "submission_id": "s-1"}
+    first = client.http.post(f"{API}/jobs", json=body)
+    again = client.http.post(f"{API}/jobs", json=body)
+    assert (first.status_code, again.status_code) == (201, 200), again.text
+    job = first.json()
+    assert again.json()["id"] == job["id"] and job["slurm"] == options
+    log = svc.data_dir / "jobs" / job["id"] / "train.log"
+    wait_for(lambda: log.exists() and log.stat().st_size > 0, timeout=60)
+    start = log.stat().st_size
+    with client.http.stream(
+        "GET",
+        f"{API}/jobs/{job['id']}/logs",
+        params={"offset": start, "follow": "true"},
+        timeout=httpx.Timeout(120),
+    ) as response:
+        followed = b"".join(response.iter_bytes())  # until the job has ended
+    assert followed and followed == log.read_bytes()[start:]  # new bytes only, each once
+    done = client.wait(job["id"], timeout=120)
+    assert done["state"] == "succeeded", done["error"]
+    script = (svc.data_dir / "jobs" / job["id"] / "slurm.sbatch").read_text()
+    for line in (
+        "#SBATCH --partition=debug",
+        "#SBATCH --time=0:10:00",
+        "#SBATCH --cpus-per-task=1",
+        "#SBATCH --mem=1G",
+        '#SBATCH --comment="issue 27 check"',
+        "#SBATCH --nice=5",
+    ):
+        assert line in script.splitlines(), (line, script)
+    assert "#SBATCH --exclusive" not in script
+    assert (slurm.root / "jobcomp.txt").read_text().count(f"Name=dlrm-vrgd-{job['id']} ") == 1
+    assert client.jobs()["count"] == 1
+
+    for bad, field in (
+        ({"partition": "nosuch"}, "slurm.partition"),
+        ({"cpus_per_task": 64}, "slurm.cpus_per_task"),
+        ({"mem": "64G"}, "slurm.mem"),
+        ({"extra_flags": ["--output=/etc/passwd"]}, "slurm.extra_flags"),
+        ({"comment": "a\nb"}, "slurm.comment"),
+        ({"time": "soon"}, "slurm.time"),
+    ):
+        refused = client.http.post(f"{API}/jobs", json={"name": "bad", "config": tiny_job(),
+                                                        "slurm": bad})  # fmt: skip
+        assert refused.status_code == 422, (bad, refused.text)
+        assert refused.json()["detail"][0]["field"] == field, refused.json()
+    assert client.jobs()["count"] == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
 
 from service.api.deps import JobId, ServiceDep
@@ -34,9 +34,32 @@ def get_logs(
     job_id: JobId,
     service: ServiceDep,
     tail: Annotated[int, Query(ge=1, le=10_000, description="Last N lines")] = 100,
-) -> PlainTextResponse:
-    """The last lines of the job's stdout and stderr (progress-bar redraws collapsed)."""
-    lines = service.log_tail(job_id, tail)
+    offset: Annotated[
+        int | None,
+        Query(ge=0, le=1 << 50, description="Bytes of the log from this offset (not `tail`)"),
+    ] = None,
+    follow: Annotated[
+        bool, Query(description="Stream new bytes (from `offset`, else from now) until it ends")
+    ] = False,
+    rank: Annotated[
+        int | None, Query(ge=0, le=65_535, description="Only the lines of this rank")
+    ] = None,
+) -> Response:
+    """The job's stdout and stderr, every attempt's (progress-bar redraws collapsed). By
+    default its last ``tail`` lines; with ``offset`` its bytes from there, the offset to ask
+    from next in the ``X-Log-Offset`` header; with ``follow=true`` a stream of its new bytes
+    until the job has finished. ``rank`` keeps the lines labelled with that rank."""
+    if follow:
+        service.get(job_id)
+        return StreamingResponse(
+            service.log_follow(job_id, offset, rank), media_type="text/plain; charset=utf-8"
+        )
+    if offset is not None:
+        data, end = service.log_from(job_id, offset, rank)
+        return Response(
+            data, media_type="text/plain; charset=utf-8", headers={"X-Log-Offset": str(end)}
+        )
+    lines = service.log_tail(job_id, tail, rank)
     return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
 
 

@@ -18,13 +18,22 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=JobPublic,
-    responses={**INVALID, **UNAVAILABLE},
+    responses={
+        **INVALID,
+        **UNAVAILABLE,
+        200: {"description": "The job an earlier request with this submission_id made"},
+    },
 )
 def create_job(body: JobCreate, service: ServiceDep, response: Response) -> JobPublic:
     """Queue a job. The config is validated by the trainer's own TrainConfig model: unknown
     keys and bad values answer 422 naming the field, and nothing is stored. 503 when the
-    backend cannot take jobs now (Slurm's controller unreachable), naming the cause."""
-    job = service.submit(body)
+    backend cannot take jobs now (Slurm's controller unreachable), naming the cause.
+
+    With a ``submission_id`` already used, nothing new is stored: the answer is the job the
+    first request made, with status 200 (a retried POST makes one job)."""
+    job, created = service.submit_once(body)
+    if not created:
+        response.status_code = status.HTTP_200_OK
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     return service.public(job)
 

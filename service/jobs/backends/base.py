@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from service.jobs.files import JobFiles, tail_lines
 from service.jobs.store import Job
@@ -73,6 +73,8 @@ class AppStatus:
     reason: str | None = None
     #: Where it runs (Slurm's node list).
     nodes: str | None = None
+    #: The scheduler's own reason code of a pending job (``Resources``, ``PartitionNodeLimit``).
+    detail: str | None = None
 
 
 @dataclass
@@ -99,6 +101,13 @@ class Backend(abc.ABC):
 
     def available(self) -> str | None:
         """Why no job can be handed over right now, or None when it can (cheap, cached)."""
+        return None
+
+    def check_request(
+        self, kind: str, config: Mapping[str, Any], options: Mapping[str, Any]
+    ) -> tuple[str, str] | None:
+        """(field, why) when the job can never run here as asked (checked at submit), else
+        None; ``options``: the job's own scheduler options."""
         return None
 
     @abc.abstractmethod

@@ -25,6 +25,7 @@ a hang.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -32,10 +33,12 @@ import re
 import shlex
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from service.jobs.backends.base import (
     ENDED,
@@ -53,6 +56,7 @@ from service.jobs.backends.base import (
 )
 from service.jobs.files import JobFiles
 from service.jobs.gpus import gpus_needed
+from service.jobs.options import SlurmOptions, memory_mb
 from service.jobs.store import Job
 from service.settings import Settings
 
@@ -137,6 +141,11 @@ def parse_exit_code(text: str) -> int | None:
     return -sig if sig else code
 
 
+def _int(text: str) -> int:
+    m = re.match(r"\d+", text)
+    return int(m.group(0)) if m else 0
+
+
 def time_limit_minutes(seconds: float) -> int:
     """Slurm counts time limits in whole minutes: round up, at least one."""
     return max(1, math.ceil(seconds / 60))
@@ -159,6 +168,11 @@ class SlurmBackend(Backend):
         self._jobcomp: Path | None | bool = False  # False: not looked up yet
         self._named: dict[str, str] = {}
         self._named_at = -math.inf
+        #: The runner's watcher describes jobs while its loop submits others: the sets and
+        #: the snapshot are shared between threads (never held during a Slurm command).
+        self._lock = threading.Lock()
+        self._partitions_at = -math.inf
+        self._partitions: dict[str, dict[str, Any]] | None = None
 
     # ----------------------------------------------------------------------- commands
     def _run(
@@ -217,6 +231,80 @@ class SlurmBackend(Backend):
             self._available_at = now
         return self._available
 
+    # ----------------------------------------------------------------- submit checks
+    def partitions(self, max_age_s: float = 30.0) -> dict[str, dict[str, Any]] | None:
+        """partition -> {nodes, cpus (most per node), mem_mb (most per node), default}, from
+        ``sinfo`` (None when it cannot be asked)."""
+        if time.monotonic() - self._partitions_at < max_age_s:
+            return self._partitions
+        if shutil.which("sinfo") is None:
+            return None
+        try:
+            out = self._run(["sinfo", "-h", "-o", "%P|%D|%c|%m"])
+        except BackendUnavailable:
+            return None
+        if out.returncode != 0:
+            return None
+        found: dict[str, dict[str, Any]] = {}
+        for line in out.stdout.splitlines():
+            parts = [p.strip() for p in line.split("|")]
+            if len(parts) < 4 or not parts[0]:
+                continue
+            name, default = parts[0].rstrip("*"), parts[0].endswith("*")
+            entry = found.setdefault(name, {"nodes": 0, "cpus": 0, "mem_mb": 0, "default": False})
+            entry["default"] = entry["default"] or default
+            entry["nodes"] += _int(parts[1])
+            entry["cpus"] = max(entry["cpus"], _int(parts[2]))
+            entry["mem_mb"] = max(entry["mem_mb"], _int(parts[3]))
+        self._partitions, self._partitions_at = found, time.monotonic()
+        return found
+
+    def check_request(
+        self, kind: str, config: Mapping[str, Any], options: Mapping[str, Any]
+    ) -> tuple[str, str] | None:
+        """A partition that does not exist, more nodes, CPUs or memory than its nodes have:
+        refused at submit (422), from ``sinfo``; what sinfo cannot tell (a QoS limit, an
+        account) Slurm says while the job waits, and the job fails within
+        ``slurm_infeasible_after_s`` with Slurm's reason."""
+        parts = self.partitions()
+        if not parts:
+            return None
+        name = options.get("partition") or self.settings.slurm_partition
+        field = "slurm.partition"
+        if name is not None:
+            names = [n for n in str(name).split(",") if n]
+            unknown = [n for n in names if n not in parts]
+            if unknown:
+                return field, (
+                    f"no Slurm partition {unknown[0]!r} in this cluster (sinfo has: "
+                    f"{', '.join(sorted(parts))})"
+                )
+            part = names[0]
+        else:
+            defaults = [n for n, p in parts.items() if p["default"]]
+            if not defaults:
+                return None
+            part = defaults[0]
+        info = parts[part]
+        run = config.get("run", {}) if kind == "train" else {}
+        nnodes = int(run.get("nnodes", 1) or 1)
+        if nnodes > info["nodes"]:
+            return "config.run.nnodes", (
+                f"asks for {nnodes} nodes; Slurm partition {part} has {info['nodes']} "
+                "(PartitionNodeLimit: it could never run)"
+            )
+        cpus = options.get("cpus_per_task")
+        if cpus is not None and info["cpus"] and cpus > info["cpus"]:
+            return "slurm.cpus_per_task", (
+                f"{cpus} CPUs per task; the nodes of partition {part} have at most {info['cpus']}"
+            )
+        mem = options.get("mem")
+        if mem is not None and info["mem_mb"] and memory_mb(mem) > info["mem_mb"]:
+            return "slurm.mem", (
+                f"{mem} per node; the nodes of partition {part} have at most {info['mem_mb']} MB"
+            )
+        return None
+
     # ----------------------------------------------------------------------- schedule
     def batch_script(self, request: LaunchRequest) -> str:
         """The batch script of a job (its ``#SBATCH`` options and its one ``srun``)."""
@@ -225,6 +313,7 @@ class SlurmBackend(Backend):
         nnodes = int(run.get("nnodes", 1))
         nproc = int(run.get("nproc_per_node", 1))
         gpus = gpus_needed(job.config)
+        own = SlurmOptions.model_validate(job.scheduler or {})
         opts = [
             f"--job-name={NAME_PREFIX}{job.id}",
             f"--nodes={nnodes}",
@@ -232,26 +321,35 @@ class SlurmBackend(Backend):
             f"--chdir={files.root}",
             f"--output={files.log}",
             "--open-mode=append",
+            # the service retries (max_retries) by submitting again, at once: Slurm's own
+            # requeue would hold the job for minutes (BeginTime) first
+            "--no-requeue",
         ]
-        if s.slurm_exclusive:
+        if own.exclusive if own.exclusive is not None else s.slurm_exclusive:
             opts.append("--exclusive")
         if request.time_limit_s:
             opts.append(f"--time={time_limit_minutes(request.time_limit_s)}")
-        elif s.slurm_time_limit:
-            opts.append(f"--time={s.slurm_time_limit}")
-        for flag, value in (
-            ("--partition", s.slurm_partition),
-            ("--account", s.slurm_account),
-            ("--qos", s.slurm_qos),
+        elif own.time or s.slurm_time_limit:
+            opts.append(f"--time={own.time or s.slurm_time_limit}")
+        for flag, value, mine in (
+            ("--partition", s.slurm_partition, own.partition),
+            ("--account", s.slurm_account, own.account),
+            ("--qos", s.slurm_qos, own.qos),
         ):
-            if value:
+            if value and not mine:
                 opts.append(f"{flag}={value}")
-        if gpus:
+        if gpus and own.gpus_per_node is None:
             opts.append(f"--gpus-per-node={s.slurm_gpus_per_node or gpus}")
+        opts += own.sbatch_options()
+        attempt = job.attempt + 1  # the job as it stood before this submission
         lines = [
             "#!/bin/bash",
             f"# dlrm-vrgd job {job.id} ({job.kind}), written by the service and submitted with",
             f"#   {shlex.join(self._sbatch_args(files))}",
+            "# the job's own Slurm options: "
+            + (json.dumps(job.scheduler, sort_keys=True) if job.scheduler else "none"),
+            f"# max_retries {job.max_retries}; this script is for attempt {attempt} (a rerun "
+            "resumes: the command passes --resume)",
             *(f"#SBATCH {o}" for o in opts),
             "set -eu",
         ]
@@ -320,39 +418,46 @@ class SlurmBackend(Backend):
         app_id = first.split(";")[0]
         if not app_id.isdigit():
             raise ScheduleError(f"sbatch --parsable printed no job id: {out.stdout!r} {text}")
-        self._tracked.add(app_id)
+        with self._lock:
+            self._tracked.add(app_id)
         self._snapshot_at = -math.inf
         return SlurmHandle(job_id=request.job.id, app_id=app_id)
 
     # ----------------------------------------------------------------------- describe
     def _refresh(self) -> None:
-        ids = sorted(self._tracked, key=int)
-        self._snapshot, self._snapshot_error = {}, None
+        with self._lock:
+            ids = sorted(self._tracked, key=int)
         self._snapshot_at = time.monotonic()
         if not ids:
+            self._snapshot, self._snapshot_error = {}, None
             return
+        snapshot: dict[str, tuple[str, str, str]] = {}
+        try:
+            self._snapshot_error = self._squeue(ids, snapshot)
+        finally:
+            self._snapshot = snapshot
+
+    def _squeue(self, ids: list[str], snapshot: dict[str, tuple[str, str, str]]) -> str | None:
+        """One squeue of ``ids`` into ``snapshot``; why it failed, or None."""
         try:
             out = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r|%N"])
         except BackendUnavailable as err:
-            self._snapshot_error = str(err)
-            return
+            return str(err)
         if out.returncode != 0:
             err_text = out.stderr.strip()
             if "invalid job id" not in err_text.lower():
-                self._snapshot_error = f"squeue: {err_text or f'exit status {out.returncode}'}"
-            return
+                return f"squeue: {err_text or f'exit status {out.returncode}'}"
+            return None
         for line in out.stdout.splitlines():
             parts = line.split("|")
-            if len(parts) >= 4 and parts[0].strip() in self._tracked:
-                self._snapshot[parts[0].strip()] = (
-                    parts[1].strip(),
-                    parts[2].strip(),
-                    parts[3].strip(),
-                )
+            if len(parts) >= 4 and parts[0].strip() in ids:
+                snapshot[parts[0].strip()] = (parts[1].strip(), parts[2].strip(), parts[3].strip())
+        return None
 
     def describe(self, handle: Handle) -> AppStatus:
         app_id = handle.app_id
-        self._tracked.add(app_id)
+        with self._lock:
+            self._tracked.add(app_id)
         if time.monotonic() - self._snapshot_at >= self.settings.slurm_poll_interval_s:
             self._refresh()
         if self._snapshot_error is not None:
@@ -363,8 +468,9 @@ class SlurmBackend(Backend):
         raw, why, nodes = seen
         name, phase, outcome, meaning = slurm_state(raw)
         if phase == PENDING:
-            reason = f"{meaning}: {why}" if why and why != "None" else meaning
-            return AppStatus(PENDING, scheduler_state=raw, reason=reason)
+            why = why if why and why != "None" else None
+            reason = f"{meaning}: {why}" if why else meaning
+            return AppStatus(PENDING, scheduler_state=raw, reason=reason, detail=why)
         if phase == RUNNING:
             return AppStatus(RUNNING, scheduler_state=raw, reason=meaning, nodes=nodes or None)
         return self._final(app_id, raw)
@@ -486,7 +592,8 @@ class SlurmBackend(Backend):
         self.cancel(handle)
 
     def settle(self, handle: Handle) -> None:
-        self._tracked.discard(handle.app_id)
+        with self._lock:
+            self._tracked.discard(handle.app_id)
 
     def recover(self, job: Job) -> SlurmHandle | None:
         app_id = job.slurm_job_id
@@ -496,7 +603,8 @@ class SlurmBackend(Backend):
                 logger.warning("job %s: found Slurm job %s by its name", job.id, app_id)
         if app_id is None:
             return None
-        self._tracked.add(app_id)
+        with self._lock:
+            self._tracked.add(app_id)
         self._snapshot_at = -math.inf
         return SlurmHandle(job_id=job.id, app_id=app_id)
 

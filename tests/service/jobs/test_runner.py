@@ -18,6 +18,9 @@ import pytest
 
 from service.errors import IllegalTransition
 from service.jobs.backends import process
+from service.jobs.backends.base import ENDED, AppStatus, Handle
+from service.jobs.backends.base import RUNNING as BACKEND_RUNNING
+from service.jobs.backends.local import LocalBackend
 from service.jobs.files import JobFiles
 from service.jobs.notifier import Notifier
 from service.jobs.runner import JOB_ENV, Runner
@@ -36,7 +39,14 @@ print("done", flush=True)
 """
 FAIL = "import sys\nprint('something went wrong', flush=True)\nsys.exit(3)"
 SLEEP = "import time\ntime.sleep(120)"
-IGNORE_TERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)"
+#: Ignores SIGTERM, and says so (the file ``ready``) once its handler is in place: a cancel
+#: that came before would find the default handler and end it with -15, not -9.
+IGNORE_TERM = """
+import pathlib, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pathlib.Path("ready").write_text("handler installed")
+time.sleep(120)
+"""
 # torchrun-like: the worker runs in a session of its own (start_new_session=True).
 TREE = """
 import pathlib, subprocess, sys, time
@@ -102,6 +112,14 @@ async def until_running(store: Store, job_id: str) -> Job:
     raise AssertionError("never started")
 
 
+async def until_ready(job_dir: Path, timeout: float = 60.0) -> None:
+    """Wait until the job's script wrote ``ready`` (after installing its signal handlers)."""
+    deadline = time.monotonic() + timeout
+    while not (job_dir / "ready").exists():
+        assert time.monotonic() < deadline, "the job never said it was ready"
+        await asyncio.sleep(0.02)
+
+
 def test_success_ingests_records_and_stores_the_result(tmp_path: Path) -> None:
     settings, store = make(tmp_path)
     job = submit(store, SUCCEED)
@@ -158,7 +176,7 @@ def test_sigkill_after_the_grace_period(tmp_path: Path) -> None:
 
     async def body(runner: Runner) -> tuple[Job, float]:
         running = await until_running(store, job.id)
-        await asyncio.sleep(0.3)  # let it install its handler
+        await until_ready(settings.jobs_dir / job.id)  # its SIGTERM handler is in place
         t0 = time.monotonic()
         cancelled = await runner.cancel(job.id)
         assert not process.is_alive(running.pid or 0)
@@ -278,3 +296,85 @@ def test_an_exit_status_that_cannot_be_known_is_said_to_be_unknown(tmp_path: Pat
     assert isinstance(done, Job) and done.state == FAILED and done.exit_code is None
     assert done.error is not None and "exit status unknown" in done.error
     assert not (settings.jobs_dir / job.id / "exit.json").exists()
+
+
+SELF_KILL = "import os, signal\nprint('dying', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)"
+
+
+def test_a_job_killed_by_a_signal_is_retried_until_its_retries_run_out(tmp_path: Path) -> None:
+    """SIGKILLed by nobody in the service, twice, with max_retries 1: two attempts, then the
+    job fails saying why and that no retry was left; a plain failure is never retried."""
+    settings, store = make(tmp_path)
+    job = store.create_job(os.urandom(8).hex(), "t", "train", {"script": SELF_KILL}, None,
+                           max_retries=1)  # fmt: skip
+    plain = store.create_job(os.urandom(8).hex(), "t", "train", {"script": FAIL}, None,
+                             max_retries=3)  # fmt: skip
+
+    async def body(runner: Runner) -> tuple[Job, Job]:
+        return await until_done(store, job.id), await until_done(store, plain.id)
+
+    done, failed = run_with(settings, store, body)  # type: ignore[misc]
+    assert done.state == FAILED and done.exit_code == -9 and done.attempt == 2
+    assert [a["ended"] for a in done.attempts] == [
+        "killed by SIGKILL",
+        "killed by SIGKILL (9) (an infrastructure failure: killed by SIGKILL; no retries "
+        "left, max_retries 1)",
+    ]
+    assert done.attempts[1]["resumed_from_step"] == 0  # no checkpoint: from the start
+    assert done.error is not None and "no retries left, max_retries 1" in done.error
+    notes = [json.loads(d)["message"] for _, s, d in store.records_after(job.id, 0, 100)]
+    assert "attempt 1 ended: killed by SIGKILL; attempt 2 of 2 resumes from step 0" in notes
+    assert (settings.jobs_dir / job.id / "train.log").read_text() == "dying\ndying\n"
+    assert failed.state == FAILED and failed.attempt == 1 and len(failed.attempts) == 1
+
+
+TICKER = """
+import json, pathlib, time
+run = pathlib.Path("run"); run.mkdir(exist_ok=True)
+with open(run / "metrics.jsonl", "a") as f:
+    for step in range(1, 61):
+        f.write(json.dumps({"kind": "train", "step": step, "loss": 1.0}) + "\\n"); f.flush()
+        time.sleep(0.05)
+(run / "result.json").write_text(json.dumps({"steps": 60}))
+"""
+
+
+class SlowScheduler(LocalBackend):
+    """A scheduler whose every answer takes 1.5 s (a controller at the end of its timeout)."""
+
+    queues_jobs = True
+
+    def describe(self, handle: Handle) -> AppStatus:
+        time.sleep(1.5)
+        status = super().describe(handle)
+        if status.phase != ENDED:
+            return AppStatus(BACKEND_RUNNING, scheduler_state="RUNNING", nodes="n1")
+        return AppStatus(ENDED, status.exit_code, scheduler_state="COMPLETED")
+
+
+def test_a_slow_scheduler_never_holds_back_metric_ingestion(tmp_path: Path) -> None:
+    """Records are ingested as they are written (every poll) although each look at the
+    scheduler takes 1.5 s: the scheduler is asked in a loop of its own."""
+    settings, store = make(tmp_path)
+    job = submit(store, TICKER)
+    counts: list[int] = []
+
+    async def main() -> Job:
+        runner = Runner(settings, store, Notifier(), script_command, SlowScheduler(settings))
+        await runner.start()
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                counts.append(len(store.series(job.id, "metrics").data))
+                done = store.get_job(job.id)
+                if done is not None and done.state in TERMINAL:
+                    return done
+                await asyncio.sleep(0.05)
+            raise AssertionError("the job did not finish")
+        finally:
+            await runner.stop()
+
+    done = asyncio.run(main())
+    assert done.state == SUCCEEDED and done.backend_state == "ended: COMPLETED"
+    growing = sorted(set(counts) - {0, 60})
+    assert len(growing) >= 10, growing  # not bursts every 1.5 s: ~2 distinct counts in 3 s

@@ -67,6 +67,8 @@ export async function jobView(main, jobId) {
   const progressSlot = h("div", { class: "job-progress" });
   const tiles = h("div", { class: "tiles", id: "tiles" });
   const errorBox = h("pre", { class: "error-box", id: "job-error", hidden: true });
+  // one line per attempt once a job was retried (a node lost, a rank killed...)
+  const attemptsBox = h("ol", { class: "attempts muted small", id: "job-attempts", hidden: true });
   const chartGrid = h("div", { class: "chart-grid", id: "charts" });
   const gsnrSection = h("section", { class: "card gsnr-section", id: "gsnr" });
   const resultsBox = h("section", { class: "card results", id: "results" });
@@ -85,6 +87,7 @@ export async function jobView(main, jobId) {
     ),
     progressSlot,
     errorBox,
+    attemptsBox,
     tiles,
     resultsBox,
     cellsBox,
@@ -131,6 +134,8 @@ export async function jobView(main, jobId) {
     if (isNum(job.exit_code)) parts.push(`exit ${job.exit_code}`);
     else if (job.started_at && job.finished_at) parts.push(h("span", { title: "Nothing recorded how the job's process ended (it was re-attached after a restart and killed outright)" }, "exit unknown"));
     if (job.slurm_job_id) parts.push(h("span", { class: "mono" }, `Slurm job ${job.slurm_job_id}`));
+    if (job.attempt > 1) parts.push(h("span", { id: "job-attempt" }, `attempt ${job.attempt} of ${job.max_retries + 1}`));
+    if (job.backend_state && ACTIVE.has(job.state)) parts.push(h("span", { id: "job-backend-state", class: "mono" }, job.backend_state));
     fill(meta, parts.flatMap((p, i) => (i ? [" · ", p] : [p])));
     cancelBtn.hidden = !ACTIVE.has(job.state);
     modelBtn.hidden = !(job.kind === "train" && job.state === "succeeded");
@@ -140,9 +145,26 @@ export async function jobView(main, jobId) {
     fill(progressSlot, progressBar(progressFraction(job), `${progressText(job)}${suffix}`));
     errorBox.hidden = !job.error;
     errorBox.textContent = job.error || "";
+    renderAttempts();
     renderTiles();
     document.title = `${job.name} · ${job.state} — dlrm-vrgd`;
     state.jobState = job.state;
+  }
+
+  function renderAttempts() {
+    const attempts = job.attempts || [];
+    attemptsBox.hidden = attempts.length < 2;
+    fill(
+      attemptsBox,
+      attempts.map((a) => {
+        const bits = [`Attempt ${a.attempt}`];
+        if (isNum(a.resumed_from_step)) bits.push(`resumed from step ${int(a.resumed_from_step)}`);
+        if (a.nodes) bits.push(`on ${a.nodes}`);
+        if (a.backend_id) bits.push(job.backend === "slurm" ? `Slurm job ${a.backend_id}` : `pid ${a.backend_id}`);
+        bits.push(a.ended ? `ended: ${a.ended}` : "running");
+        return h("li", { dataset: { attempt: a.attempt } }, bits.join(" · "));
+      }),
+    );
   }
 
   function tile(label, value, note, key) {
