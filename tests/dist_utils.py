@@ -49,4 +49,3 @@ def children(pid: int) -> list[int]:
 def rank_pids(launcher: int) -> list[int]:
     """The ranks of a ``dlrm-vrgd train`` launcher: the children of its child, torchrun."""
     return sorted(pid for child in children(launcher) for pid in children(child))
-
