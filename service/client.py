@@ -127,6 +127,10 @@ class ServiceClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._json("POST", f"/jobs/{job_id}/cancel")
 
+    def resubmit(self, job_id: str) -> dict[str, Any]:
+        """Queue a failed or cancelled job again; it resumes from its newest checkpoint."""
+        return self._json("POST", f"/jobs/{job_id}/resubmit")
+
     def delete(self, job_id: str) -> None:
         self._json("DELETE", f"/jobs/{job_id}")
 

@@ -274,12 +274,21 @@ def cmd_cancel(client: ServiceClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resubmit(client: ServiceClient, args: argparse.Namespace) -> int:
+    job = client.resubmit(args.id)
+    print(f"resubmitted job {job['id']} ({job['name']}): {job['state']}", flush=True)
+    if not args.follow:
+        return 0
+    return _final(_follow(client, job))
+
+
 COMMANDS = {
     "submit": cmd_submit,
     "list": cmd_list,
     "status": cmd_status,
     "logs": cmd_logs,
     "cancel": cmd_cancel,
+    "resubmit": cmd_resubmit,
 }
 
 
@@ -313,6 +322,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lg.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
     c = sub.add_parser("cancel", help="cancel a queued or running job")
     c.add_argument("id")
+    r = sub.add_parser(
+        "resubmit", help="queue a failed or cancelled job again: it resumes from its checkpoint"
+    )
+    r.add_argument("id")
+    r.add_argument("--follow", action="store_true", help="follow it live until it ends")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -131,6 +131,16 @@ def new_attempt(attempt: int, backend_id: str, resumed_from_step: int | None) ->
     }
 
 
+def first_attempt(job: Job, backend_id: str, run_dir: Path) -> dict[str, object]:
+    """The attempt fields of a job the runner launches from the queue: attempt 1, or, for a
+    job resubmitted after it failed or was cancelled, the next one (it resumes its run)."""
+    if not job.attempts:
+        return {"attempt": 1, "attempts": [new_attempt(1, backend_id, None)]}
+    nxt = max(job.attempt, len(job.attempts)) + 1
+    step = resume_step(run_dir) if job.kind == "train" else None
+    return {"attempt": nxt, "attempts": [*job.attempts, new_attempt(nxt, backend_id, step)]}
+
+
 def reason_code(why: str | None) -> str | None:
     """``ReqNodeNotAvail, UnavailableNodes:n2`` -> ``ReqNodeNotAvail``."""
     return why.split(",")[0].strip() if why else None
@@ -574,8 +584,7 @@ class Runner:
             pid=handle.pid,
             pgid=handle.pgid,
             proc_start=handle.proc_start,
-            attempt=1,
-            attempts=[new_attempt(1, handle.app_id, None)],
+            **first_attempt(job, handle.app_id, files.run_dir),
             backend_state=f"running (pid {handle.pid})",
         )
         if devices:
@@ -629,8 +638,7 @@ class Runner:
             [QUEUED],
             backend=self.backend.name,
             slurm_job_id=handle.app_id,
-            attempt=1,
-            attempts=[new_attempt(1, handle.app_id, None)],
+            **first_attempt(job, handle.app_id, files.run_dir),
             backend_state=f"submitted as {self.backend.name.capitalize()} job {handle.app_id}",
         )
         if stored is None:  # cancelled (or deleted) while sbatch ran: end it there too

@@ -39,8 +39,9 @@ from service.jobs.gpus import gpu_request
 from service.jobs.kinds import KINDS
 from service.jobs.notifier import Notifier
 from service.jobs.runner import Runner
-from service.jobs.states import SUCCEEDED, TERMINAL
+from service.jobs.states import QUEUED, RESUBMITTABLE, SUCCEEDED, TERMINAL
 from service.jobs.store import Job, Series, Store
+from service.jobs.supervise import EXIT_FILE
 from service.jobs.tracking import check_mlflow
 from service.schemas import JobCreate, JobPublic, ScoreConfig
 from service.settings import Settings
@@ -270,6 +271,28 @@ class JobService:
         job = await self.runner.cancel(job_id)
         self.notifier.notify(job_id)
         return job
+
+    def resubmit(self, job_id: str) -> Job:
+        """Queue a failed or cancelled train or study job again: its next attempt resumes its
+        run from the newest checkpoint (409 for any other state or kind)."""
+        job = self.get(job_id)
+        if job.kind == "score":
+            raise IllegalTransition(f"job {job_id} is a score job: submit it again instead")
+        if job.state not in RESUBMITTABLE:
+            raise IllegalTransition(
+                f"job {job_id} is {job.state}: only a failed or cancelled job is resubmitted"
+            )
+        (self.files(job_id).root / EXIT_FILE).unlink(missing_ok=True)  # the last attempt's
+        moved = self.store.transition(
+            job_id, RESUBMITTABLE, QUEUED, "resubmitted: the next attempt resumes the run",
+            finished_at=None, exit_code=None, error=None, pid=None, pgid=None, proc_start=None,
+            backend_state="queued: resubmitted",
+        )  # fmt: skip
+        if moved is None:  # changed meanwhile (deleted, or resubmitted by another request)
+            raise IllegalTransition(f"job {job_id} changed while being resubmitted")
+        self.runner.wake()
+        self.notifier.notify(job_id)
+        return moved
 
     def delete(self, job_id: str) -> None:
         """Forget a finished job and remove its files; 409 while it is queued or running."""

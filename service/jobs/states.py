@@ -1,7 +1,9 @@
 """Job states and the transitions between them (DESIGN.md 5).
 
 ``queued -> running -> succeeded | failed | cancelled``; a queued job can also be cancelled
-(or fail to launch) without running. Terminal states never change.
+(or fail to launch) without running. A failed or cancelled train or study job may be
+*resubmitted* (``POST /jobs/{id}/resubmit``): it goes back to ``queued`` and its next attempt
+resumes the run from its newest checkpoint. Nothing else leaves a terminal state.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     QUEUED: frozenset({RUNNING, CANCELLED, FAILED}),
     RUNNING: frozenset({SUCCEEDED, FAILED, CANCELLED}),
     SUCCEEDED: frozenset(),
-    FAILED: frozenset(),
-    CANCELLED: frozenset(),
+    FAILED: frozenset({QUEUED}),  # resubmit only
+    CANCELLED: frozenset({QUEUED}),  # resubmit only
 }
+#: States a job can be resubmitted from.
+RESUBMITTABLE: frozenset[str] = frozenset({FAILED, CANCELLED})
 
 
 def can_move(src: str, dst: str) -> bool:

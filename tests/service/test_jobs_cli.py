@@ -133,3 +133,43 @@ def test_token_from_the_client_config_file_and_clear_errors(
     # nothing listens: one line naming the URL
     gone = jobs("list", env={"DLRM_VRGD_URL": "http://127.0.0.1:9"})
     assert gone.returncode == 1 and "cannot reach the service at http://127.0.0.1:9" in gone.stderr
+
+
+def test_resubmit_resumes_a_cancelled_job_from_its_checkpoint(
+    tmp_path: Path,
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+) -> None:
+    svc = start_service()
+    client = client_of(svc)
+    config = tmp_path / "long.yaml"
+    raw = long_job()
+    raw["run"]["checkpoint_every"] = 3
+    config.write_text(yaml.safe_dump(raw))
+    job_id = jobs("submit", str(config), env=env_of(svc)).stdout.split()[3]
+    ckpts = svc.data_dir / "jobs" / job_id / "run" / "checkpoints"
+    wait_for(lambda: any(ckpts.glob("step_*")), timeout=180)
+    client.cancel(job_id)
+    first = wait_for(lambda: (j := client.job(job_id))["state"] == "cancelled" and j, timeout=60)
+    again = jobs("resubmit", job_id, env=env_of(svc))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith(f"resubmitted job {job_id} (long): queued")
+    twice = jobs("resubmit", job_id, env=env_of(svc))  # queued now: not resubmittable
+    assert twice.returncode == 1 and "409" in twice.stderr
+
+    def second_attempt_trains() -> dict | None:
+        j = client.job(job_id)
+        steps = j["progress"].get("step") or 0
+        ok = j["state"] == "running" and j["attempt"] == 2 and steps > first["progress"]["step"]
+        return j if ok else None
+
+    job = wait_for(second_attempt_trains, timeout=180)
+    assert [a["attempt"] for a in job["attempts"]] == [1, 2]
+    resumed = job["attempts"][1]["resumed_from_step"]
+    assert resumed is not None and resumed > 0 and resumed % 3 == 0
+    assert job["error"] is None and job["exit_code"] is None
+    client.cancel(job_id)
+    wait_for(lambda: client.job(job_id)["state"] == "cancelled", timeout=60)
+    steps = [r["step"] for r in client.metrics(job_id, kind="train")["data"]]
+    assert steps == list(range(1, len(steps) + 1))  # contiguous: no step twice, none missing
+

@@ -67,6 +67,16 @@ async def cancel_job(job_id: JobId, service: ServiceDep) -> JobPublic:
     return service.public(await service.cancel(job_id))
 
 
+@router.post(
+    "/{job_id}/resubmit", response_model=JobPublic, responses={**NOT_FOUND, **CONFLICT}
+)
+def resubmit_job(job_id: JobId, service: ServiceDep) -> JobPublic:
+    """Queue a failed or cancelled train or study job again: its next attempt (``attempts``)
+    resumes the run from its newest verified checkpoint, and its series go on from there.
+    409 for a job in any other state, and for score jobs (submit those again)."""
+    return service.public(service.resubmit(job_id))
+
+
 @router.delete(
     "/{job_id}",
     status_code=status.HTTP_204_NO_CONTENT,
