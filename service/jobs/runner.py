@@ -58,6 +58,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from service.errors import IllegalTransition, JobNotFound
 from service.jobs.backends import make_backend, process
