@@ -170,6 +170,8 @@ def print_job(job: dict[str, Any]) -> None:
         ("best val AUC", _fmt(progress.get("best_val_auc"))),
         ("test AUC", _fmt(progress.get("test_auc"))),
     ]
+    if job.get("tags"):
+        lines.insert(4, ("tags", ", ".join(job["tags"])))
     if job.get("slurm_job_id"):
         lines.insert(5, ("slurm job", job["slurm_job_id"]))
     if job.get("exit_code") is not None:
@@ -205,7 +207,8 @@ def cmd_submit(client: ServiceClient, args: argparse.Namespace) -> int:
     config = read_job_config(path, args.set)
     kind = args.kind or job_kind(config)
     name = args.name or (config.get("name") if kind == "study" else None) or path.stem
-    job = client.submit(str(name), config, timeout_s=args.timeout, kind=kind)
+    tags = args.tag or None
+    job = client.submit(str(name), config, timeout_s=args.timeout, kind=kind, tags=tags)
     print(f"submitted {kind} job {job['id']} ({job['name']}): {job['state']}", flush=True)
     if not args.follow:
         return 0
@@ -220,6 +223,8 @@ def cmd_list(client: ServiceClient, args: argparse.Namespace) -> int:
         params["kind"] = args.kind
     if args.name:
         params["name"] = args.name
+    if args.tag:
+        params["tag"] = args.tag
     page = client.jobs(**params)
     if args.json:
         print(json.dumps(page, indent=2))
@@ -306,10 +311,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--kind", choices=["train", "study"], help="default: from the config")
     s.add_argument("--timeout", type=float, help="wall-clock limit in seconds")
     s.add_argument("--follow", action="store_true", help="follow it live until it ends")
+    s.add_argument("--tag", action="append", default=[], help="label the job (repeatable)")
     ls = sub.add_parser("list", help="jobs, newest first")
     ls.add_argument("--state", action="append", help="keep these states (repeatable)")
     ls.add_argument("--kind", choices=["train", "study", "score"])
     ls.add_argument("--name", help="keep names that contain this")
+    ls.add_argument("--tag", action="append", help="keep jobs with this tag (repeatable: all)")
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--json", action="store_true", help="the API's answer as JSON")
     st = sub.add_parser("status", help="one job")

@@ -65,6 +65,9 @@ InputName = Annotated[
 MAX_RETRIES = 100
 #: A client-chosen id that makes a submission idempotent (Ray's ``submission_id``).
 SubmissionId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
+#: A label that groups jobs (``GET /jobs?tag=``): letters, digits and ``_ . : -``.
+JobTag = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
+MAX_TAGS = 20
 
 
 class JobSubmission(BaseModel):
@@ -81,6 +84,8 @@ class JobSubmission(BaseModel):
     submission_id: SubmissionId | None = None
     #: Slurm options of this job (the Slurm backend only).
     slurm: SlurmOptions | None = None
+    #: Labels that group jobs (an experiment, a sweep): ``GET /jobs?tag=`` keeps them.
+    tags: list[JobTag] = Field(default_factory=list, max_length=MAX_TAGS)
 
 
 class TrainJobCreate(JobSubmission):
@@ -240,6 +245,8 @@ class JobPublic(BaseModel):
     submission_id: str | None = None
     #: The job's own Slurm options (the service's defaults apply to the rest).
     slurm: dict[str, Any] | None = None
+    #: The job's tags.
+    tags: list[str] = []
 
     @classmethod
     def from_job(cls, job: Job, show: Callable[[str], str] = redact) -> JobPublic:
@@ -269,6 +276,7 @@ class JobPublic(BaseModel):
             attempts=[AttemptPublic.model_validate(redact_obj(a)) for a in job.attempts],
             submission_id=job.submission_id,
             slurm=job.scheduler or None,
+            tags=job.tags,
         )
 
 

@@ -101,6 +101,8 @@ class JobRow(Base):
     submission_id: Mapped[str | None] = mapped_column(String(128), default=None, unique=True)
     #: Per-job scheduler options (partition, account, ... see service/jobs/options.py).
     scheduler: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    #: Labels that group jobs (``GET /jobs?tag=``), e.g. an experiment's name.
+    tags: Mapped[list[str] | None] = mapped_column(JSON, default=None)
 
 
 #: Columns added after the first release: (name, SQL type), added to an older store on open.
@@ -116,6 +118,7 @@ ADDED_JOB_COLUMNS = (
     ("nodes", "VARCHAR(200)"),
     ("submission_id", "VARCHAR(128)"),
     ("scheduler", "JSON"),
+    ("tags", "JSON"),
 )
 
 

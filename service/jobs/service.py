@@ -234,6 +234,7 @@ class JobService:
                 max_retries=max_retries,
                 submission_id=body.submission_id,
                 scheduler=scheduler or None,
+                tags=list(body.tags) or None,
             )
         except BaseException as err:
             shutil.rmtree(files.root, ignore_errors=True)
@@ -264,8 +265,9 @@ class JobService:
         name: str | None,
         limit: int,
         offset: int,
+        tags: Sequence[str] = (),
     ) -> tuple[list[Job], int]:
-        return self.store.list_jobs(states, kind, name, limit, offset)
+        return self.store.list_jobs(states, kind, name, limit, offset, tags)
 
     async def cancel(self, job_id: str) -> Job:
         job = await self.runner.cancel(job_id)

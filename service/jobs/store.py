@@ -67,6 +67,7 @@ class Job:
     nodes: str | None = None
     submission_id: str | None = None
     scheduler: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
 
     @classmethod
     def from_row(cls, row: JobRow) -> Job:
@@ -100,6 +101,7 @@ class Job:
             nodes=row.nodes,
             submission_id=row.submission_id,
             scheduler=dict(row.scheduler or {}),
+            tags=list(row.tags or []),
         )
 
 
@@ -233,9 +235,14 @@ class Store:
         name_contains: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        tags: Sequence[str] = (),
     ) -> tuple[list[Job], int]:
-        """Jobs matching the filters, newest first, and how many match in all."""
+        """Jobs matching the filters (every one of ``tags``), newest first, and how many
+        match in all."""
         where = []
+        for tag in tags:  # a JSON array holding the tag (SQLite's json_each)
+            each = func.json_each(JobRow.tags).table_valued("value")
+            where.append(select(each.c.value).where(each.c.value == tag).exists())
         if states:
             where.append(JobRow.state.in_(list(states)))
         if kind:

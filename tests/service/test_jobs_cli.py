@@ -173,3 +173,40 @@ def test_resubmit_resumes_a_cancelled_job_from_its_checkpoint(
     steps = [r["step"] for r in client.metrics(job_id, kind="train")["data"]]
     assert steps == list(range(1, len(steps) + 1))  # contiguous: no step twice, none missing
 
+
+def test_tags_group_jobs_and_bad_tags_are_422(
+    tmp_path: Path,
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+) -> None:
+    svc = start_service()
+    client = client_of(svc)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_job()))
+    made = {}
+    for name, tags in (("a", ["sweep-1", "lr:0.1"]), ("b", ["sweep-1"]), ("c", [])):
+        args = [a for t in tags for a in ("--tag", t)]
+        done = jobs("submit", str(config), "--name", name, *args, env=env_of(svc))
+        assert done.returncode == 0, done.stderr
+        made[name] = done.stdout.split()[3]
+    assert client.job(made["a"])["tags"] == ["sweep-1", "lr:0.1"]
+    assert client.job(made["c"])["tags"] == []
+
+    def listed(*tags: str) -> list[str]:
+        args = [a for t in tags for a in ("--tag", t)]
+        out = jobs("list", "--json", *args, env=env_of(svc))
+        assert out.returncode == 0, out.stderr
+        return sorted(j["name"] for j in json.loads(out.stdout)["data"])
+
+    assert listed("sweep-1") == ["a", "b"]
+    assert listed("sweep-1", "lr:0.1") == ["a"]
+    assert listed("nope") == []
+    assert listed() == ["a", "b", "c"]
+    status = jobs("status", made["a"], env=env_of(svc))
+    assert "tags:         sweep-1, lr:0.1" in status.stdout
+
+    bad = jobs("submit", str(config), "--tag", "no spaces", env=env_of(svc))
+    assert bad.returncode == 1 and "422" in bad.stderr and "tags" in bad.stderr
+    body = {"name": "x", "config": tiny_job(), "tags": [f"t{i}" for i in range(21)]}
+    too_many = client.http.post("/api/v1/jobs", json=body)
+    assert too_many.status_code == 422 and "tags" in too_many.text

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Response, status
 from service.api.deps import JobId, ServiceDep
 from service.api.responses import CONFLICT, INVALID, NOT_FOUND, UNAVAILABLE
 from service.jobs.states import JobKind, JobState
-from service.schemas import JobCreate, JobPublic, JobsPublic
+from service.schemas import MAX_TAGS, JobCreate, JobPublic, JobsPublic, JobTag
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -48,9 +48,12 @@ def list_jobs(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
+    tag: Annotated[
+        list[JobTag], Query(max_length=MAX_TAGS, description="Keep jobs with all these tags")
+    ] = [],  # noqa: B006
 ) -> JobsPublic:
     """Jobs, newest first; ``count`` is the number matching the filters."""
-    jobs, count = service.list_jobs(state, kind, name, limit, offset)
+    jobs, count = service.list_jobs(state, kind, name, limit, offset, tag)
     return JobsPublic(data=[service.public(j) for j in jobs], count=count)
 
 
@@ -67,9 +70,7 @@ async def cancel_job(job_id: JobId, service: ServiceDep) -> JobPublic:
     return service.public(await service.cancel(job_id))
 
 
-@router.post(
-    "/{job_id}/resubmit", response_model=JobPublic, responses={**NOT_FOUND, **CONFLICT}
-)
+@router.post("/{job_id}/resubmit", response_model=JobPublic, responses={**NOT_FOUND, **CONFLICT})
 def resubmit_job(job_id: JobId, service: ServiceDep) -> JobPublic:
     """Queue a failed or cancelled train or study job again: its next attempt (``attempts``)
     resumes the run from its newest verified checkpoint, and its series go on from there.
