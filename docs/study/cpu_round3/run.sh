@@ -10,6 +10,13 @@ pilot=docs/study/pilot_round3/s1.6
 out=docs/study/cpu_round3
 # another runner may still be finishing the pilot in this directory: wait for it
 while pgrep -f -- "--out $pilot\$" > /dev/null; do sleep 60; done
+# the pilot's 4,096 cells at x0.25 and x0.5 first (its earliest degradation estimate), then the rest
+mkdir -p "$pilot/cells"
+dlrm-vrgd study --config configs/study_pilot_round3.yaml --set 'batch_sizes=[4096]' \
+  --set 'lr_multipliers=[0.25, 0.5]' --set rule_multiplier=0.5 --out "${pilot}_4096"
+for cell in "${pilot}_4096"/cells/*; do
+  [ -e "$pilot/cells/$(basename "$cell")" ] || cp -r "$cell" "$pilot/cells/"
+done
 dlrm-vrgd study --config configs/study_pilot_round3.yaml --out "$pilot"
 python - "$pilot" "$out" <<'PY'
 import json, shutil, sys
