@@ -47,7 +47,13 @@ from dlrm_vrgd.config import ConfigError, MlflowConfig, TrainConfig
 from dlrm_vrgd.study.config import Cell, StudyConfig
 from dlrm_vrgd.study.protocol import Plan, finished_val_aucs
 from dlrm_vrgd.study.report import write_report
-from dlrm_vrgd.train.rundir import CONFIG, RESULT, JsonlWriter, atomic_write_json
+from dlrm_vrgd.train.rundir import (
+    CONFIG,
+    RESULT,
+    JsonlWriter,
+    atomic_write_bytes,
+    atomic_write_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +81,17 @@ def run_study(
         raise ValueError(
             f"{out} holds a different study (study.json differs): use another output directory"
         )
+    cells = study.cells()
+    # Refuse a directory whose finished cells trained other configs before touching anything
+    # (a refused resume once left a committed study's metrics.jsonl empty).
+    if study.two_stage:
+        finished_val_aucs(study, out, _check_finished_cell)
+    else:
+        for cell in cells:
+            if (out / "cells" / cell.id / RESULT).exists():
+                _check_finished_cell(study, cell, out / "cells" / cell.id)
     atomic_write_json(saved, resolved)
     (out / RESULT).unlink(missing_ok=True)
-    cells = study.cells()
     (out / "metrics.jsonl").unlink(missing_ok=True)  # rewritten below, from the cells themselves
     log = JsonlWriter(out / "metrics.jsonl")
     done = 0
@@ -326,4 +340,33 @@ def rewrite_report(out: Path) -> dict[str, Any]:
     results = write_report(study, out)
     if (out / RESULT).exists():
         atomic_write_json(out / RESULT, results)
+    progress = out / "metrics.jsonl"
+    if results["cells"] and (not progress.exists() or not progress.stat().st_size):
+        _rebuild_progress(progress, results)
     return results
+
+
+def _rebuild_progress(path: Path, results: dict[str, Any]) -> None:
+    """The study's progress log, rebuilt from its cells' figures (``status: rebuilt``) where it
+    is empty or missing; written to a temporary file and renamed."""
+    total = results["cells_total"]
+    lines = []
+    for i, c in enumerate(results["cells"], start=1):
+        record = {
+            "kind": "cell",
+            "step": i,
+            "total_cells": total,
+            "cell": c["cell"],
+            "status": "rebuilt",
+            "global_batch": c["global_batch"],
+            "optimizer": c["optimizer"],
+            "lr_multiplier": c["lr_multiplier"],
+            "seed": c["seed"],
+            "groups": c.get("groups"),
+            "val_auc": c["val_auc"],
+            "test_auc": c["test_auc"],
+            "oracle_auc": c.get("oracle_test_auc"),
+            "train_seconds": c.get("wall_s"),
+        }
+        lines.append(json.dumps(record))
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())

@@ -279,3 +279,23 @@ def test_study_report_cli_rewrites_the_reports(two_stage_run, tmp_path: Path) ->
 
 def test_the_tiny_base_has_no_two_stage_by_default() -> None:
     assert "tune_seeds" not in TINY and not tiny().two_stage
+
+
+def test_round_three_config_is_the_preregistered_design() -> None:
+    from dlrm_vrgd.study.config import load_study
+
+    root = Path(__file__).resolve().parents[2]
+    study = load_study(root / "configs" / "study_cpu_round3.yaml")
+    assert study.two_stage and len(study.run_seeds) == 2 and len(study.confirm_seeds or []) >= 8
+    assert not set(study.run_seeds) & set(study.confirm_seeds or [])
+    names = {o.name: o for o in study.optimizers}
+    assert {"sgd", "adagrad", "vrsgd", "vradam"} <= set(names)
+    assert names["vrsgd"].groups == [16] and names["vradam"].groups == [16]
+    ratios = {o.sparse["clip_ratio"] for o in study.optimizers if o.name.startswith("cowclip")}
+    assert len(ratios) >= 2  # CowClip's clip_ratio is tuned too
+    assert study.edge_extensions >= 1 and study.steps_at_largest >= 1000
+    assert study.collapse_auc == 0.75
+    prereg = (root / "docs" / "study" / "cpu_round3" / "PREREGISTRATION.md").read_text()
+    assert "below 0.75" in prereg and "100–107" in prereg
+    pilot = load_study(root / "configs" / "study_pilot_round3.yaml")
+    assert pilot.base["data"] == study.base["data"] and pilot.steps_at_largest == 1000
