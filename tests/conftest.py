@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,3 +57,18 @@ def tiny_config(*overrides: str, **sections: Any) -> TrainConfig:
 @pytest.fixture
 def tiny() -> TrainConfig:
     return tiny_config()
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs (root only; skipped elsewhere)."""
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(fs)],
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {proc.stderr.strip()}")
+    try:
+        yield fs
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
