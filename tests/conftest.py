@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import subprocess
@@ -72,3 +73,17 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         yield fs
     finally:
         subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
+def fill_disk(fs: Path, leave: int) -> None:
+    """Fill the filesystem of ``fs`` (with ``fs/filler``) so that about ``leave`` bytes stay
+    free."""
+    slack = fs / "slack"
+    slack.write_bytes(b"\0" * leave)
+    with (fs / "filler").open("wb", buffering=0) as f:
+        try:
+            while f.write(b"\0" * 4096):
+                pass
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+    slack.unlink()

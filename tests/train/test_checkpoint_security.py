@@ -23,7 +23,7 @@ from dlrm_vrgd.train import checkpoint as ckpt
 from dlrm_vrgd.train.loop import Callback, train
 from dlrm_vrgd.train.reshard import gather_checkpoint
 
-from ..conftest import tiny_config, tiny_config_dict
+from ..conftest import fill_disk, tiny_config, tiny_config_dict
 from ..tamper import Payload, mutate_dir, sha256, states_equal
 
 
@@ -112,27 +112,13 @@ def test_reshard_refuses_a_code_running_pickle(base_run: Path, tmp_path: Path) -
 
 
 # ------------------------------------------------------------------------ failed saves
-def fill(fs: Path, leave: int) -> None:
-    """Fill the filesystem of ``fs`` so that about ``leave`` bytes stay free."""
-    slack = fs / "slack"
-    slack.write_bytes(b"\0" * leave)
-    with (fs / "filler").open("wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-                f.flush()
-        except OSError as err:
-            assert err.errno == errno.ENOSPC
-    slack.unlink()
-
-
 class FillDiskAt(Callback):
     def __init__(self, fs: Path, step: int) -> None:
         self.fs, self.step = fs, step
 
     def on_step(self, record: dict) -> None:
         if record["step"] == self.step:
-            fill(self.fs, 12 << 10)  # a few metrics lines fit, a 30 kB rank file does not
+            fill_disk(self.fs, 12 << 10)  # a few metrics lines fit, a 30 kB rank file does not
 
 
 def test_a_full_disk_during_a_save_leaves_no_staging(small_fs: Path) -> None:
