@@ -297,6 +297,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         metrics_path=args.metrics,
         progress=not args.no_progress,
         on_progress=progress,
+        input_root=args.input_root,
     )
     if record is not None:
         rundir.atomic_write_json(
@@ -443,6 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
     sc.add_argument("--no-progress", action="store_true", help="no progress bar")
     sc.add_argument("--record", metavar="DIR", help=argparse.SUPPRESS)  # the service's run dir
+    sc.add_argument(
+        "--input-root",
+        metavar="DIR",
+        help="refuse any input that is a link or whose real path is outside DIR",
+    )
     sc.set_defaults(fn=cmd_score)
 
     st = sub.add_parser("study", help="run a batch-size study (resumable) and write its report")

@@ -181,6 +181,8 @@ def export_model(
             os.replace(staging, out)
     except OSError as err:  # a full disk, a quota: nothing half-written stays
         shutil.rmtree(staging, ignore_errors=True)
+        if err.errno is None:
+            raise
         raise OSError(
             err.errno, f"cannot write the model {out}: {err.strerror}; nothing was written"
         ) from None
@@ -221,6 +223,15 @@ class _Sink(io.RawIOBase):
 
     def writable(self) -> bool:
         return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
 
     def write(self, b: Any) -> int:
         try:

@@ -122,9 +122,9 @@ class JobService:
             path = (root / name).resolve()
             if not path.is_relative_to(root) or not path.exists():
                 raise InvalidInput(field, f"{name!r}: not found under the data root {root}", iloc)
-            paths.append(str(path))
+            paths.append(str(root / name))  # resolved again, and confined, when the job runs
         return {**config.model_dump(mode="json"), "model_dir": str(model_dir),
-                "input_paths": paths}  # fmt: skip
+                "input_paths": paths, "input_root": str(root)}  # fmt: skip
 
     def _check_memory(self, config: TrainConfig | StudyConfig, loc: tuple[str, ...]) -> None:
         limit = self.settings.job_memory_bytes
