@@ -266,7 +266,11 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     from dlrm_vrgd.serve.score import score, summary_lines
     from dlrm_vrgd.train import rundir
+    from dlrm_vrgd.train.malloc import set_mmap_threshold
 
+    # blocks and their parsed arrays are MiBs each: from mmap, so freeing one returns it and the
+    # peak RSS stays flat in the input length (glibc's adaptive threshold lets it creep)
+    set_mmap_threshold(1024)
     record = Path(args.record) if args.record else None
     progress = None
     if record is not None:  # a run directory for the service: progress lines, then result.json
