@@ -374,7 +374,11 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     from dlrm_vrgd.serve.score import score, summary_lines
     from dlrm_vrgd.train import rundir
+    from dlrm_vrgd.train.malloc import set_mmap_threshold
 
+    # blocks and their parsed arrays are MiBs each: from mmap, so freeing one returns it and the
+    # peak RSS stays flat in the input length (glibc's adaptive threshold lets it creep)
+    set_mmap_threshold(1024)
     record = Path(args.record) if args.record else None
     progress = None
     if record is not None:  # a run directory for the service: progress lines, then result.json
@@ -407,6 +411,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         on_progress=progress,
         days=_day_list(args.days) if args.days else None,
         split=args.split,
+        input_root=args.input_root,
     )
     if record is not None:
         rundir.atomic_write_json(
@@ -615,6 +620,11 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
     sc.add_argument("--no-progress", action="store_true", help="no progress bar")
     sc.add_argument("--record", metavar="DIR", help=argparse.SUPPRESS)  # the service's run dir
+    sc.add_argument(
+        "--input-root",
+        metavar="DIR",
+        help="refuse any input that is a link or whose real path is outside DIR",
+    )
     sc.set_defaults(fn=cmd_score)
 
     st = sub.add_parser("study", help="run a batch-size study (resumable) and write its report")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,3 +58,32 @@ def tiny_config(*overrides: str, **sections: Any) -> TrainConfig:
 @pytest.fixture
 def tiny() -> TrainConfig:
     return tiny_config()
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs (root only; skipped elsewhere)."""
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(fs)],
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {proc.stderr.strip()}")
+    try:
+        yield fs
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
+def fill_disk(fs: Path, leave: int) -> None:
+    """Fill the filesystem of ``fs`` (with ``fs/filler``) so that about ``leave`` bytes stay
+    free."""
+    slack = fs / "slack"
+    slack.write_bytes(b"\0" * leave)
+    with (fs / "filler").open("wb", buffering=0) as f:
+        try:
+            while f.write(b"\0" * 4096):
+                pass
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+    slack.unlink()

@@ -19,8 +19,11 @@ when any line of its first block has all 40 fields (rows may have lost trailing 
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
+import stat
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -49,6 +52,10 @@ LabelsMode = Literal["auto", "yes", "no"]
 
 class CriteoFormatError(ValueError):
     """An input that cannot be read as Criteo data (bad gzip stream, unknown header, ...)."""
+
+
+class InputPathError(CriteoFormatError):
+    """An input outside the allowed root, a link, or not a regular file."""
 
 
 class MalformedRowError(CriteoFormatError):
@@ -128,8 +135,8 @@ def parse_header(path: str, fields: list[str]) -> tuple[bool, bool]:
         and all(_CAT_HEADER.match(n) for n in rest[NUM_INT:])
     )
     if not ok:
-        raise CriteoFormatError(
-            f"{path}:1: unrecognized header {','.join(fields)[:200]!r}; expected "
+        raise CriteoFormatError(  # its fields are not echoed: the file may be anyone's
+            f"{path}:1: unrecognized header ({len(fields)} fields); expected "
             "[Id,][Label,]I1..I13,C1..C26 (or torchrec's label,int_0..,cat_0..)"
         )
     return has_id, labeled
@@ -195,16 +202,57 @@ def _natural_key(path: Path) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
 
 
-def expand_inputs(paths: Sequence[str | Path]) -> list[Path]:
+def check_in_root(path: Path, root: Path | None) -> None:
+    """With a ``root``: ``path`` is no symlink and its real path lies inside ``root`` (else
+    :class:`InputPathError`); nothing to check without one."""
+    if root is None:
+        return
+    if path.is_symlink():
+        raise InputPathError(f"{path}: a symlink; inputs under the input root must not be links")
+    if not Path(os.path.realpath(path)).is_relative_to(Path(os.path.realpath(root))):
+        raise InputPathError(f"{path}: outside the input root")
+
+
+def open_input(path: Path, root: Path | None = None) -> BinaryIO:
+    """``path`` opened for reading. With a ``root`` (the service's data root), the last
+    component is opened with ``O_NOFOLLOW`` and the real path of the file actually opened
+    (``/proc/self/fd``) must lie inside ``root`` and be a regular file: a link swapped in after
+    the inputs were listed is refused too."""
+    if root is None:
+        return Path(path).open("rb")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise InputPathError(
+                f"{path}: a symlink; inputs are opened without following links"
+            ) from None
+        raise
+    try:
+        real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if not real.is_relative_to(Path(os.path.realpath(root))):
+            raise InputPathError(f"{path}: outside the input root")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputPathError(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def expand_inputs(paths: Sequence[str | Path], root: Path | None = None) -> list[Path]:
     """Input files in the order given; a directory stands for its files in natural order
-    (``day_2`` before ``day_10``)."""
+    (``day_2`` before ``day_10``). With a ``root``, every path and every file of a directory
+    is checked with :func:`check_in_root` (a link is refused, not skipped)."""
     files: list[Path] = []
     for p in map(Path, paths):
+        check_in_root(p, root)
         if p.is_dir():
-            files += sorted(
-                (f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")),
-                key=_natural_key,
-            )
+            listed = [f for f in p.iterdir() if not f.name.startswith(".")]
+            for f in listed:
+                check_in_root(f, root)
+            files += sorted((f for f in listed if f.is_file()), key=_natural_key)
         elif p.is_file():
             files.append(p)
         else:
@@ -305,19 +353,21 @@ class BlockReader:
     once the file is read, whether its last line had one.
     """
 
-    def __init__(self, path: Path, block_bytes: int = 16 << 20) -> None:
+    def __init__(self, path: Path, block_bytes: int = 16 << 20, root: Path | None = None) -> None:
         self.path = Path(path)
         self.block_bytes = block_bytes
-        with self.path.open("rb") as f:
+        self.root = root  # see open_input
+        with open_input(self.path, root) as f:
             self.gzip = f.read(2) == _GZIP_MAGIC
-        self.size = self.path.stat().st_size
+            self.size = os.fstat(f.fileno()).st_size
         self.position = 0
+        self.lines = 0  # lines in the blocks yielded so far
         self.ends_with_newline = True
 
     def blocks(self) -> Iterator[bytearray]:
         buf = bytearray()
         need = self.block_bytes
-        with self.path.open("rb") as raw:
+        with open_input(self.path, self.root) as raw:
             gz = _GzipReader(raw, str(self.path)).chunks() if self.gzip else None
             eof = False
             while not eof:
@@ -343,13 +393,14 @@ class BlockReader:
                 if cut == 0:
                     if len(buf) > MAX_LINE_BYTES:
                         raise CriteoFormatError(
-                            f"{self.path}: a line longer than {MAX_LINE_BYTES:,} bytes: not "
-                            "Criteo text (a binary file?)"
+                            f"{self.path}:{self.lines + 1}: a line longer than "
+                            f"{MAX_LINE_BYTES:,} bytes: not Criteo text (a binary file?)"
                         )
                     need = 2 * len(buf) + 1
                     continue
                 carry = buf[cut:]
                 del buf[cut:]
+                self.lines += buf.count(b"\n")
                 yield buf
                 buf, need = carry, self.block_bytes
             self.position = self.size

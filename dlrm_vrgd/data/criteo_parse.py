@@ -39,6 +39,7 @@ import pyarrow.csv as pcsv
 from dlrm_vrgd.data.criteo_format import (
     CAT_NAMES,
     INT_NAMES,
+    MAX_LINE_BYTES,
     NUM_CAT,
     BadRow,
     Layout,
@@ -287,13 +288,26 @@ def _parse(
         block = block.replace(b"\r\n", b"\n")
     if layout.prepad:
         block, padded = pad_short_lines(block, layout)
+    if len(block) > MAX_LINE_BYTES:  # pyarrow cannot parse a line longer than its block
+        b = np.frombuffer(block, dtype=np.uint8)
+        ends = np.flatnonzero(b == ord("\n"))
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        for i in np.flatnonzero(ends - starts > MAX_LINE_BYTES).tolist():
+            reject(i, f"a line longer than {MAX_LINE_BYTES:,} bytes (not Criteo text)")
     if b"\r" in block:
         for i, line in enumerate(get_lines()):
-            if b"\r" in line:
+            if b"\r" in line and i not in edits:
                 reject(i, "carriage return inside a line")
+    delim = layout.delimiter.encode()
+    if layout.has_id and not block.isascii():  # the Id column is kept as text: UTF-8 only
+        for i, line in enumerate(get_lines()):
+            if i not in edits and not line.split(delim, 1)[0].isascii():
+                try:
+                    bytes(line.split(delim, 1)[0]).decode("utf-8")
+                except UnicodeDecodeError:
+                    reject(i, "field Id is not UTF-8 text")
 
     types = fast_types(layout)
-    delim = layout.delimiter.encode()
 
     def fix_field_counts(src: list[bytes] | list[bytearray]) -> int:
         """Pad or reject every line with the wrong number of fields; how many there were."""

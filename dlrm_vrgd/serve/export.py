@@ -12,14 +12,16 @@ renamed into place when complete, manifest last.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -124,7 +126,7 @@ def export_program(
         names = ("dense", "sparse")
     batch = torch.export.Dim("batch", min=1, max=1 << 30)
     program = torch.export.export(model, args, dynamic_shapes={k: {0: batch} for k in names})
-    torch.export.save(program, str(path))
+    _save(path, lambda f: torch.export.save(program, f))
 
 
 def export_model(
@@ -137,8 +139,7 @@ def export_model(
 ) -> ExportResult:
     """Write the model directory ``out`` from checkpoint ``step`` (default newest) of a run."""
     run_dir, out = Path(run_dir), Path(out).absolute()
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists: pass --overwrite or another --out")
+    _check_out(out, overwrite)
     path = find_checkpoint(run_dir, step)
     try:
         full = gather_checkpoint(path)
@@ -159,7 +160,7 @@ def export_model(
         _write_json(staging / m.ARCH, arch)
         _write_json(staging / m.CONFIG, full.config)
         _write_json(staging / m.FEATURES, layout.to_dict())
-        torch.save(model.state_dict(), staging / m.WEIGHTS)
+        _save(staging / m.WEIGHTS, lambda f: torch.save(model.state_dict(), f))
         if vocab is not None:
             np.save(staging / m.VOCAB, vocab)
         if program:
@@ -192,11 +193,77 @@ def export_model(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, out)
+    except OSError as err:  # a full disk, a quota: nothing half-written stays
+        shutil.rmtree(staging, ignore_errors=True)
+        if err.errno is None:
+            raise
+        raise OSError(
+            err.errno, f"cannot write the model {out}: {err.strerror}; nothing was written"
+        ) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     logger.info("exported %s (step %d, %d rank(s)) to %s", path, full.step, full.world_size, out)
     return ExportResult(out, full.step, full.world_size, manifest)
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """``out`` may be written: absent, or (with ``overwrite``) a model directory (as
+    ``preprocess`` does, a directory of anything else is never replaced)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        return  # an empty directory (made for it)
+    if not overwrite:
+        raise FileExistsError(f"{out} exists: pass --overwrite or another --out")
+    if out.is_symlink() or not out.is_dir():
+        raise FileExistsError(f"refusing to replace {out}: it is not a directory")
+    try:
+        m.read_manifest(out, verify=False)
+    except m.ModelError:
+        raise FileExistsError(
+            f"refusing to replace {out}: it has no valid {m.MANIFEST}, so it is not a model "
+            "directory of dlrm-vrgd export"
+        ) from None
+
+
+class _Sink(io.RawIOBase):
+    """A file for torch's writers that keeps the OSError of a failed write (torch reports only
+    a RuntimeError of its own)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def write(self, b: Any) -> int:
+        try:
+            return self.f.write(b)
+        except OSError as err:
+            self.error = err
+            raise
+
+
+def _save(path: Path, write: Callable[[Any], None]) -> None:
+    with path.open("wb") as f:
+        sink = _Sink(f)
+        try:
+            write(sink)
+        except RuntimeError:
+            if sink.error is not None:
+                raise sink.error from None
+            raise
 
 
 def _write_json(path: Path, obj: Any) -> None:

@@ -190,8 +190,8 @@ def _manifest_problem(manifest: Any) -> str | None:
         return f"a JSON {type(manifest).__name__}, not an object"
     keys = set(manifest)
     if keys != set(_MANIFEST_KEYS):
-        missing, extra = sorted(set(_MANIFEST_KEYS) - keys), sorted(keys - set(_MANIFEST_KEYS))
-        return f"keys differ from a model manifest's (missing {missing}, unexpected {extra[:5]})"
+        missing, extra = sorted(set(_MANIFEST_KEYS) - keys), len(keys - set(_MANIFEST_KEYS))
+        return f"keys differ from a model manifest's (missing {missing}, {extra} unexpected)"
     for key, kind in _MANIFEST_KEYS.items():
         v = manifest[key]
         if not isinstance(v, kind) or isinstance(v, bool):

@@ -52,8 +52,10 @@ from dlrm_vrgd.data.criteo_format import (
     LabelsMode,
     Layout,
     MalformedRowError,
+    check_in_root,
     detect_layout,
     expand_inputs,
+    open_input,
 )
 from dlrm_vrgd.data.criteo_output import MANIFEST as DATA_MANIFEST
 from dlrm_vrgd.data.criteo_output import MANIFEST_FORMAT as DATA_FORMAT
@@ -203,6 +205,7 @@ class _Output:
 class _Raw:
     path: Path
     layout: Layout
+    root: Path | None = None  # inputs are confined to it (see criteo_format.open_input)
 
 
 @dataclass
@@ -213,36 +216,47 @@ class _Days:
     segments: list[tuple[int, int, int]] | None = None
 
 
-def _is_days(path: Path) -> bool:
+def _is_days(path: Path, root: Path | None = None) -> bool:
     manifest = path / DATA_MANIFEST
     if not (path.is_dir() and manifest.is_file()):
         return False
+    for entry in path.iterdir() if root is not None else ():  # every file the days may open
+        check_in_root(entry, root)
     try:
-        return json.loads(manifest.read_text()).get("format") == DATA_FORMAT
+        with open_input(manifest, root) as f:
+            return json.loads(f.read()).get("format") == DATA_FORMAT
     except (json.JSONDecodeError, UnicodeDecodeError):
         return False
 
 
-def _first_block(path: Path, block_bytes: int) -> tuple[bytes, bool]:
-    reader = BlockReader(path, block_bytes)
+def _first_block(path: Path, block_bytes: int, root: Path | None = None) -> tuple[bytes, bool]:
+    reader = BlockReader(path, block_bytes, root)
     first = next(iter(reader.blocks()), bytearray())
     return bytes(first), reader.gzip
 
 
 def resolve_inputs(
-    paths: Sequence[str | Path], fmt: Format, labels: LabelsMode, block_bytes: int
+    paths: Sequence[str | Path],
+    fmt: Format,
+    labels: LabelsMode,
+    block_bytes: int,
+    root: Path | None = None,
 ) -> list[_Raw | _Days]:
-    """Every input with its layout (raw) or manifest (days), in order."""
+    """Every input with its layout (raw) or manifest (days), in order. With ``root``, every
+    file is checked to lie inside it (real path, no links), here and again when it is opened
+    (:func:`~dlrm_vrgd.data.criteo_format.open_input`)."""
     out: list[_Raw | _Days] = []
     for p in map(Path, paths):
-        if _is_days(p):
-            out.append(_Days(p, json.loads((p / DATA_MANIFEST).read_text())))
+        check_in_root(p, root)
+        if _is_days(p, root):
+            with open_input(p / DATA_MANIFEST, root) as f:
+                out.append(_Days(p, json.loads(f.read())))
             continue
-        for f in expand_inputs([p]):
-            first, gz = _first_block(f, block_bytes)
+        for f in expand_inputs([p], root):
+            first, gz = _first_block(f, block_bytes, root)
             if not first.strip():
                 raise CriteoFormatError(f"{f}: empty input")
-            out.append(_Raw(f, detect_layout(str(f), first, fmt, labels, gz)))
+            out.append(_Raw(f, detect_layout(str(f), first, fmt, labels, gz), root))
     if not out:
         raise FileNotFoundError("no input files")
     return out
@@ -331,6 +345,7 @@ def score(
     on_progress: Callable[[int, float, float], None] | None = None,
     days: Sequence[int] | None = None,
     split: Split | None = None,
+    input_root: str | Path | None = None,
 ) -> ScoreResult:
     """Score ``inputs`` with the model directory ``model_dir`` into ``out`` (module docstring).
 
@@ -338,7 +353,9 @@ def score(
     model's training config cut them (``test``: the rows its final test AUC was measured on);
     scoring days the model trained on logs a warning (and ``ScoreResult.training_days``).
     ``on_progress(rows, seconds, fraction of the input read)`` is called after every written
-    block (for services)."""
+    block (for services). With ``input_root`` (the service's data root), every input file must
+    be a regular file whose real path lies inside it, checked when the file is opened: a link,
+    or a path that leads out of the root, is refused (:class:`InputPathError`)."""
     t0 = time.perf_counter()
     out = Path(out).absolute()
     if out.exists() and not overwrite:
@@ -349,7 +366,8 @@ def score(
         raise ValueError("--days and --split pick rows two ways: pass one")
     model, layout, vocab = m.load_scoring(model_dir, device)
     mapper = FeatureMapper(layout, vocab)
-    sources = resolve_inputs(inputs, input_format, labels, block_bytes)
+    root = Path(input_root) if input_root is not None else None
+    sources = resolve_inputs(inputs, input_format, labels, block_bytes, root)
     if (days is not None or split is not None) and not any(isinstance(s, _Days) for s in sources):
         raise ValueError("--days and --split choose days of a preprocessed directory: none given")
     config = m.read_training_config(model_dir) if any(isinstance(s, _Days) for s in sources) else {}
@@ -500,7 +518,7 @@ def _score_raw(
 
     next_line = 1
     seen = 0
-    reader = BlockReader(src.path, block_bytes)
+    reader = BlockReader(src.path, block_bytes, src.root)
     pending: deque[tuple[Future[Any], int]] = deque()
 
     def consume() -> None:

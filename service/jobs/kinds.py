@@ -90,6 +90,8 @@ def score_command(python: str, files: JobFiles, resume: bool = False) -> list[st
     cmd = [python, "-m", "dlrm_vrgd.cli", "score", "--model", config["model_dir"], "--input",
            *config["input_paths"], "--out", str(out), "--overwrite", "--record",
            str(files.run_dir), "--labels", config["labels"]]  # fmt: skip
+    if "input_root" in config:  # every input is checked when opened (no links, inside it)
+        cmd += ["--input-root", config["input_root"]]
     return cmd + (["--skip-bad-rows"] if config["skip_bad_rows"] else [])
 
 

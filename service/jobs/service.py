@@ -157,9 +157,9 @@ class JobService:
                 found = False
             if not found:
                 raise InvalidInput(field, f"{name!r}: not found under the data root", iloc)
-            paths.append(str(path))
+            paths.append(str(root / name))  # resolved again, and confined, when the job runs
         return {**config.model_dump(mode="json"), "model_dir": str(model_dir),
-                "input_paths": paths}  # fmt: skip
+                "input_paths": paths, "input_root": str(root)}  # fmt: skip
 
     def _check_memory(self, config: TrainConfig | StudyConfig, loc: tuple[str, ...]) -> None:
         limit = self.settings.job_memory_bytes

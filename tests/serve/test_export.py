@@ -20,7 +20,7 @@ from dlrm_vrgd.train.distributed import DistEnv
 from dlrm_vrgd.train.evaluate import rank_share
 from dlrm_vrgd.train.loop import Trainer
 
-from ..conftest import tiny_config
+from ..conftest import fill_disk, tiny_config
 from ..dist_utils import run_ranks
 
 EVAL_ROWS = 300
@@ -171,3 +171,44 @@ def test_loading_refuses_an_altered_model_directory(tmp_path: Path) -> None:
         export_model(run, tmp_path / "model")
     export_model(run, tmp_path / "model", overwrite=True, program=False)
     load_model(tmp_path / "model")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dlrm_vrgd.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_overwrite_refuses_a_directory_that_is_not_a_model(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train_and_save(tiny_config(), run)
+    precious = tmp_path / "home"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    proc = cli("export", "--run", str(run), "--out", str(precious), "--overwrite")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "refusing to replace" in proc.stderr and "not a model directory" in proc.stderr
+    assert sorted(p.name for p in precious.iterdir()) == ["notes.txt"]
+    assert (precious / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "run"]  # no staging left
+    # a model directory is replaced, as before
+    proc = cli("export", "--run", str(run), "--out", str(tmp_path / "model"), "--no-program")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = cli("export", "--run", str(run), "--out", str(tmp_path / "model"), "--overwrite",
+               "--no-program")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    load_model(tmp_path / "model")
+
+
+def test_a_full_disk_is_a_clear_error_and_nothing_is_half_written(
+    tmp_path: Path, small_fs: Path
+) -> None:
+    """A 4 MiB tmpfs filled to 16 kB free; the weights (~70 kB) do not fit."""
+    run = tmp_path / "run"
+    train_and_save(tiny_config(model={"embedding_dim": 64, "dense_arch": [32, 64]}), run)
+    fill_disk(small_fs, 16 << 10)
+    proc = cli("export", "--run", str(run), "--out", str(small_fs / "model"))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "No space left on device; nothing was written" in proc.stderr, proc.stderr[-2000:]
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler"]

@@ -140,7 +140,7 @@ def test_bad_rows_name_file_and_line_or_are_skipped(trained: Trained, tmp_path: 
     raw = tmp_path / "bad.tsv"
     raw.write_text("".join(lines))
     out = tmp_path / "p.csv"
-    with pytest.raises(MalformedRowError, match=r"bad\.tsv:32: I1: 'not-a-number'"):
+    with pytest.raises(MalformedRowError, match=r"bad\.tsv:32: I1: not an integer"):
         score(trained.model, [raw], out, block_bytes=1 << 11, progress=False)
     assert not out.exists() and not list(tmp_path.glob(".p.csv*"))  # nothing half-written
     res = score(trained.model, [raw], out, skip_bad_rows=True, block_bytes=1 << 11,
