@@ -383,6 +383,8 @@ class SparseRowwiseOptimizer:
             ]
         self._last_summary: list[dict[str, Any]] = []
         self._noise: NoisePieces | None = None
+        #: Sum the gradient noise scale's per-table pieces (off: :meth:`noise_pieces` is None).
+        self.track_noise = True
 
     def collect(self) -> None:
         """Fold the row gradients captured since the last call in as one more group."""
@@ -439,7 +441,9 @@ class SparseRowwiseOptimizer:
         self._last_summary = summary
         self.last_rows = recorded if self.record_rows else []
         both = torch.cat(noise_sums, dim=1) if noise_sums else torch.zeros(2, 0)
-        self._noise = NoisePieces.of(noise_names, both[0], both[1], self.k)
+        self._noise = (
+            NoisePieces.of(noise_names, both[0], both[1], self.k) if self.track_noise else None
+        )
         self.k = 0
 
     def noise_pieces(self) -> NoisePieces | None:
@@ -523,11 +527,12 @@ class SparseRowwiseOptimizer:
         rows, grad_sum, sq_sum, n_groups, id_counts = acc.drain()
         table_ix = space.table_index(rows)
         n_tables = len(space.tables)
-        at = torch.tensor(space.tables, device=noise_sums.device)
-        for i, per_row in enumerate((row_sq_norm(grad_sum), sq_sum)):
-            per_space = torch.zeros(n_tables, dtype=torch.float64, device=rows.device)
-            per_space.index_add_(0, table_ix, per_row.double())
-            noise_sums[i].index_add_(0, at, per_space.to(noise_sums.device))
+        if self.track_noise:
+            at = torch.tensor(space.tables, device=noise_sums.device)
+            for i, per_row in enumerate((row_sq_norm(grad_sum), sq_sum)):
+                per_space = torch.zeros(n_tables, dtype=torch.float64, device=rows.device)
+                per_space.index_add_(0, table_ix, per_row.double())
+                noise_sums[i].index_add_(0, at, per_space.to(noise_sums.device))
         raw = ratio = torch.ones(rows.numel(), device=grad_sum.device)
         stats: list[dict[str, float]] = [{} for _ in space.tables]
         if self.gsnr:
