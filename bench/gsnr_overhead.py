@@ -15,8 +15,10 @@ the overhead as a fraction of the base's whole step. Both tables come from the s
 A third part prices the gradient noise scale (DESIGN.md 4.6), which every step keeps for every
 optimizer: the whole step with its bookkeeping (per-group ``|g_d|²`` of the dense tensors, the
 per-table sums over touched rows, the EMAs) beside the same step without it (``track_noise`` off
-on both optimizers), for a VR pair and a plain pair, interleaved; then the dense optimizer alone
-with and without it, as a fraction of the whole step. Target: within 1% of a step.
+on both optimizers), for a VR pair and a plain pair, interleaved (as noisy as above); then its
+extra work alone, with far less noise: the dense optimizer with and without it (k groups + one
+update), and the tables' sums (``add_table_sums`` on one real step's drained row sums), stated
+as a fraction of the whole step without it. Target: within 1% of a step.
 
     python bench/gsnr_overhead.py [--reps 15] [--micro-batch 1024] [--only-noise]
 """
@@ -31,6 +33,7 @@ from common import REPO, interleaved_medians, print_table, threads
 
 from dlrm_vrgd.config import load_config
 from dlrm_vrgd.optim.dense import build_dense_optimizer
+from dlrm_vrgd.optim.sparse import add_table_sums
 from dlrm_vrgd.train.loop import Trainer
 
 PAIRS = [
@@ -55,6 +58,12 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=1024)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--only-noise", action="store_true", help="only the noise-scale tables")
+    ap.add_argument(
+        "--noise-reps",
+        type=int,
+        default=0,
+        help="reps of the noise scale's alone parts (0: 10 x --reps, 4 x --reps)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(threads())
     b, k = args.micro_batch, args.k
@@ -70,7 +79,7 @@ def main() -> None:
         return Trainer(load_config(REPO / "configs" / "demo.yaml", overrides))
 
     if args.only_noise:
-        noise_scale_tables(trainer, args.reps, b, k)
+        noise_scale_tables(trainer, args.reps, b, k, args.noise_reps)
         return
 
     variants = {}
@@ -134,7 +143,7 @@ def main() -> None:
     print(f"the optimizer alone (k = {k} groups + one update), median of {args.reps * 10}:")
     print_table(["optimizer", "VR ms", "base ms", "1 + (VR - base) / base whole step"], rows)
     print()
-    noise_scale_tables(trainer, args.reps, b, k)
+    noise_scale_tables(trainer, args.reps, b, k, args.noise_reps)
 
 
 NOISE_PAIRS = [
@@ -143,7 +152,9 @@ NOISE_PAIRS = [
 ]
 
 
-def noise_scale_tables(trainer: Callable[..., Trainer], reps: int, b: int, k: int) -> None:
+def noise_scale_tables(
+    trainer: Callable[..., Trainer], reps: int, b: int, k: int, alone_reps: int = 0
+) -> None:
     """The gradient noise scale's cost: whole steps with / without, then the dense optimizer
     alone with / without over the whole step without."""
 
@@ -185,41 +196,36 @@ def noise_scale_tables(trainer: Callable[..., Trainer], reps: int, b: int, k: in
     for name, dense, _ in NOISE_PAIRS:
         alone[f"{name}:on"] = dense_alone(dense, True)
         alone[f"{name}:off"] = dense_alone(dense, False)
-    amed = interleaved_medians(alone, reps * 10)
+    dense_reps, sparse_reps = (alone_reps, alone_reps) if alone_reps else (reps * 10, reps * 4)
+    amed = interleaved_medians(alone, dense_reps)
 
-    def sparse_alone(sparse: dict, on: bool) -> Callable[[], None]:
-        """The sparse optimizer's step alone, replaying one real step's captured row
-        gradients into its accumulators (what collect() folds in) before each step."""
+    def table_sums(sparse: dict) -> Callable[[], None]:
+        """The tables' part alone: :func:`add_table_sums` on one real step's drained sums."""
         t = trainer(PAIRS[0][2], sparse)
-        calls = []
         for j in range(t.A):
             loss, _ = t.model.loss(t.micro_batch(0, j))
             loss.backward()
-            calls.append([lk.capture.take() for lk in t.lookups])
-        opt = t.sparse_opt
-        opt.track_noise = on
+            t.sparse_opt.collect()
+        parts = []
+        for lk, accs in zip(t.lookups, t.sparse_opt._acc, strict=True):
+            sums = torch.zeros(2, len(lk.table_names), dtype=torch.float64)
+            for space, acc in zip(lk.capture.layout.spaces, accs, strict=True):
+                rows, grad_sum, sq_sum, _, _ = acc.drain()
+                parts.append((sums, space.tables, space.table_index(rows), grad_sum, sq_sum))
 
         def run() -> None:
-            for group in calls:
-                for accs, lookup_calls in zip(opt._acc, group, strict=True):
-                    for call in lookup_calls:
-                        for acc, rg in zip(accs, call, strict=True):
-                            acc.add(rg)
-                opt.k += opt.groups_per_collect
-            opt.step()
+            for part in parts:
+                add_table_sums(*part)
 
         return run
 
-    sparse_variants = {}
-    for name, _, sparse in NOISE_PAIRS:
-        sparse_variants[f"{name}:on"] = sparse_alone(sparse, True)
-        sparse_variants[f"{name}:off"] = sparse_alone(sparse, False)
-    smed = interleaved_medians(sparse_variants, reps * 4)
+    sparse_variants = {name: table_sums(sparse) for name, _, sparse in NOISE_PAIRS}
+    smed = interleaved_medians(sparse_variants, sparse_reps * 10)
     rows = []
     for name, _, _ in NOISE_PAIRS:
         on, off = med[f"{name}:on"], med[f"{name}:off"]
         dense_extra = amed[f"{name}:on"] - amed[f"{name}:off"]
-        sparse_extra = smed[f"{name}:on"] - smed[f"{name}:off"]
+        sparse_extra = smed[name]
         rows.append(
             [
                 name,
@@ -234,7 +240,7 @@ def noise_scale_tables(trainer: Callable[..., Trainer], reps: int, b: int, k: in
     print(
         f"gradient noise scale (G = {k} x {b}): whole step with / without its bookkeeping, "
         f"median of {reps * 2} interleaved steps; its extra work alone: the dense optimizer "
-        f"(median of {reps * 10}) and the sparse step (median of {reps * 4}), each on - off"
+        f"(on - off, median of {dense_reps}) and the tables' sums (median of {sparse_reps * 10})"
     )
     print_table(
         [

@@ -142,6 +142,13 @@ class SmoothedEstimates:
         c = 1.0 - self.beta**self.t
         return self._g2 / c, self._s / c
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"t": self.t, "g2": self._g2, "s": self._s}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.t, self._g2, self._s = int(state["t"]), state["g2"], state["s"]
+        self.last = None
+
     @property
     def window(self) -> float:
         b, t = self.beta, self.t
@@ -197,6 +204,27 @@ class NoiseScale:
         if tables is not None:
             self._tables.update(*estimates(tables.sq_of_mean, tables.mean_of_sq, tables.k, self.b))
             self.table_names = tables.names
+
+    def state_dict(self) -> dict[str, Any]:
+        """The EMAs and the segments' names (tensors, names and ints only)."""
+        return {
+            "dense": self._dense.state_dict(),
+            "tables": self._tables.state_dict(),
+            "dense_names": list(self.dense_names),
+            "table_names": list(self.table_names),
+        }
+
+    def load_state_dict(self, state: dict[str, Any] | None, table_names: list[str]) -> None:
+        """Resume the EMAs. A checkpoint without them (older, or resharded onto other ranks,
+        whose tables moved) or with other tables than ``table_names`` starts them again, and
+        says so."""
+        if not state or list(state["table_names"]) not in ([], table_names):
+            logger.info("gradient noise scale: the checkpoint holds no EMA; it starts again")
+            return
+        self._dense.load_state_dict(state["dense"])
+        self._tables.load_state_dict(state["tables"])
+        self.dense_names = list(state["dense_names"])
+        self.table_names = list(state["table_names"])
 
     @property
     def steps(self) -> int:
