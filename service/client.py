@@ -140,6 +140,10 @@ class ServiceClient:
     def gsnr(self, job_id: str, **params: Any) -> dict[str, Any]:
         return self._json("GET", f"/jobs/{job_id}/gsnr", params=params)
 
+    def advice(self, job_id: str, **params: Any) -> dict[str, Any]:
+        """The batch-size advice from the job's gradient noise scale (``dlrm-vrgd advise``)."""
+        return self._json("GET", f"/jobs/{job_id}/advice", params=params)
+
     def result(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"/jobs/{job_id}/result")
 

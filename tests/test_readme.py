@@ -71,7 +71,8 @@ def localised(cmd: str, config: Path) -> str:
 
 def test_run_a_job_commands_run_in_order_from_a_fresh_directory(tmp_path: Path) -> None:
     cmds = commands(section("Run a job"))
-    assert len(cmds) >= 5 and all("configs/demo.yaml" in c for c in cmds)
+    # every command uses the demo config, but `advise`, which reads a run the block trained
+    assert len(cmds) >= 5 and all("configs/demo.yaml" in c or " advise " in c for c in cmds)
     config = tmp_path / "tiny.yaml"
     config.write_text(
         yaml.safe_dump(tiny_config_dict(run={"eval_every": 2, "checkpoint_every": 2}))
@@ -105,6 +106,8 @@ def test_run_a_job_commands_run_in_order_from_a_fresh_directory(tmp_path: Path) 
     lr = json.loads((work / "runs/my-run-lr004/config.json").read_text())["optim"]["dense"]["lr"]
     assert lr == 0.004
     assert list((work / "data" / "demo").glob("*.npy"))
+    advice = next(o for c, o in zip(cmds, outputs, strict=True) if " advise " in c)
+    assert "B_simple" in advice and "global batch G = 256" in advice
 
 
 def test_the_sample_result_line_has_the_demo_output_format() -> None:

@@ -42,6 +42,9 @@ class GroupAveraged:
         self._sums: dict[torch.Tensor, torch.Tensor] = {}
         self._group_norms = GroupSqNorms(params)
         self._noise: NoisePieces | None = None
+        #: Keep the gradient noise scale's sums (off: ``.grad`` sums the groups as autograd
+        #: leaves it, and :meth:`noise_pieces` is None; bench/gsnr_overhead.py compares both).
+        self.track_noise = True
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -54,6 +57,9 @@ class GroupAveraged:
     def collect(self) -> None:
         """Fold the group's ``p.grad`` into the step's sums (and its ``|g|²`` into the noise
         scale's), then clear it: one more group."""
+        if not self.track_noise:  # the gradients stay summed in .grad
+            self.k += 1
+            return
         params = [p for p in self._params() if p.grad is not None]
         self._group_norms.add(params, [p.grad for p in params])
         sums, grads = [], []
@@ -74,7 +80,8 @@ class GroupAveraged:
             raise RuntimeError("step() called before any collect()")
         params = self._params()
         for p in params:
-            p.grad = self._sums.pop(p, None)
+            if p in self._sums:
+                p.grad = self._sums.pop(p)
         k_total = self.k
         norms = self._group_norms.total
         if self.process_group is not None:
@@ -91,12 +98,14 @@ class GroupAveraged:
                 offset += n
             norms.copy_(flat[offset:])
             k_total *= dist.get_world_size(self.process_group)
-        grad_sq = torch.zeros_like(norms)
-        present = [i for i, p in enumerate(params) if p.grad is not None]
-        if present:
-            at = torch.tensor(present, device=norms.device)
-            grad_sq[at] = sq_norms([params[i].grad for i in present]).to(norms.device)
-        self._noise = NoisePieces.of(self.names, grad_sq, norms, k_total)
+        self._noise = None
+        if self.track_noise:
+            grad_sq = torch.zeros_like(norms)
+            present = [i for i, p in enumerate(params) if p.grad is not None]
+            if present:
+                at = torch.tensor(present, device=norms.device)
+                grad_sq[at] = sq_norms([params[i].grad for i in present]).to(norms.device)
+            self._noise = NoisePieces.of(self.names, grad_sq, norms, k_total)
         for p in params:
             if p.grad is not None:
                 p.grad.div_(k_total)

@@ -42,6 +42,9 @@ SINGLE_GROUP_REASON = (
 )
 NONPOSITIVE_REASON = "the |G|² estimate is <= 0: the gradient's signal is below its noise here"
 
+#: One segment's figures: ``(name, g2, s, g2_raw, s_raw)`` (smoothed, then the last step's).
+Row = tuple[str, float, float, float, float]
+
 
 @dataclass(frozen=True)
 class NoisePieces:
@@ -139,6 +142,13 @@ class SmoothedEstimates:
         c = 1.0 - self.beta**self.t
         return self._g2 / c, self._s / c
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"t": self.t, "g2": self._g2, "s": self._s}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.t, self._g2, self._s = int(state["t"]), state["g2"], state["s"]
+        self.last = None
+
     @property
     def window(self) -> float:
         b, t = self.beta, self.t
@@ -188,39 +198,57 @@ class NoiseScale:
                 logger.warning("gradient noise scale: no estimate, %s", SINGLE_GROUP_REASON)
                 self._warned = True
             return
-        for pieces, store, attr in ((dense, self._dense, "dense_names"),
-                                    (tables, self._tables, "table_names")):  # fmt: skip
-            if pieces is None:
-                continue
-            store.update(*estimates(pieces.sq_of_mean, pieces.mean_of_sq, pieces.k, self.b))
-            setattr(self, attr, pieces.names)
+        if dense is not None:
+            self._dense.update(*estimates(dense.sq_of_mean, dense.mean_of_sq, dense.k, self.b))
+            self.dense_names = dense.names
+        if tables is not None:
+            self._tables.update(*estimates(tables.sq_of_mean, tables.mean_of_sq, tables.k, self.b))
+            self.table_names = tables.names
+
+    def state_dict(self) -> dict[str, Any]:
+        """The EMAs and the segments' names (tensors, names and ints only)."""
+        return {
+            "dense": self._dense.state_dict(),
+            "tables": self._tables.state_dict(),
+            "dense_names": list(self.dense_names),
+            "table_names": list(self.table_names),
+        }
+
+    def load_state_dict(self, state: dict[str, Any] | None, table_names: list[str]) -> None:
+        """Resume the EMAs. A checkpoint without them (older, or resharded onto other ranks,
+        whose tables moved) or with other tables than ``table_names`` starts them again, and
+        says so."""
+        if not state or list(state["table_names"]) not in ([], table_names):
+            logger.info("gradient noise scale: the checkpoint holds no EMA; it starts again")
+            return
+        self._dense.load_state_dict(state["dense"])
+        self._tables.load_state_dict(state["tables"])
+        self.dense_names = list(state["dense_names"])
+        self.table_names = list(state["table_names"])
 
     @property
     def steps(self) -> int:
         return max(self._dense.t, self._tables.t)
 
     @staticmethod
-    def _rows(store: SmoothedEstimates, names: list[str]) -> list[tuple[str, float, ...]]:
+    def _rows(store: SmoothedEstimates, names: list[str]) -> list[Row]:
         if store.last is None:
             return []
         g2, s = store.smoothed()
         g2_raw, s_raw = store.last
         cols = [t.tolist() for t in (g2, s, g2_raw, s_raw)]
-        return [(n, *vals) for n, *vals in zip(names, *cols, strict=True)]
+        return list(zip(names, *cols, strict=True))
 
-    def dense_rows(self) -> list[tuple[str, float, float, float, float]]:
-        """``(name, g2, s, g2_raw, s_raw)`` of each dense tensor (smoothed, then this step's)."""
-        return self._rows(self._dense, self.dense_names)  # type: ignore[return-value]
+    def dense_rows(self) -> list[Row]:
+        """A :data:`Row` per dense tensor."""
+        return self._rows(self._dense, self.dense_names)
 
-    def table_rows(self) -> list[tuple[str, float, float, float, float]]:
-        """The same for this process's tables."""
-        return self._rows(self._tables, self.table_names)  # type: ignore[return-value]
+    def table_rows(self) -> list[Row]:
+        """A :data:`Row` per table of this process."""
+        return self._rows(self._tables, self.table_names)
 
     def record(
-        self,
-        global_batch: int,
-        dense_rows: list[tuple[str, float, float, float, float]],
-        table_rows: list[tuple[str, float, float, float, float]],
+        self, global_batch: int, dense_rows: list[Row], table_rows: list[Row]
     ) -> dict[str, Any]:
         """The ``noise_scale`` record of a ``gsnr.jsonl`` line from the dense rows and the
         table rows of every process (a table split over several, e.g. column-wise, is the sum
@@ -241,7 +269,7 @@ class NoiseScale:
             acc = by_table.setdefault(name, [0.0, 0.0, 0.0, 0.0])
             for i, v in enumerate(vals):
                 acc[i] += v
-        tensors = [(n, *v) for n, *v in dense_rows]
+        tensors = list(dense_rows)
         tables = [(n, *v) for n, v in by_table.items()]
 
         def total(rows: list[tuple[Any, ...]]) -> dict[str, Any] | None:

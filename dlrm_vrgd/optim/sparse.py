@@ -285,6 +285,24 @@ def plain_step_norm(
     return torch.linalg.vector_norm(plain_step(kernel, lr, eps, grad, after), dim=1)
 
 
+def add_table_sums(
+    noise_sums: torch.Tensor,
+    tables: tuple[int, ...],
+    table_ix: torch.Tensor,
+    grad_sum: torch.Tensor,
+    sq_sum: torch.Tensor,
+) -> None:
+    """The noise scale's two sums per table (DESIGN.md 4.6) over one row space's touched rows:
+    adds ``Σ_rows ‖Σ_d g_{d,row}‖²`` and ``Σ_rows Σ_d ‖g_{d,row}‖²`` of the rows of
+    ``tables[i]`` (``table_ix``: i of each row; ``grad_sum`` U x D, ``sq_sum`` U) to
+    ``noise_sums[0 | 1, tables[i]]``."""
+    at = torch.tensor(tables, device=noise_sums.device)
+    for i, per_row in enumerate((row_sq_norm(grad_sum), sq_sum)):
+        per_space = torch.zeros(len(tables), dtype=torch.float64, device=grad_sum.device)
+        per_space.index_add_(0, table_ix, per_row.double())
+        noise_sums[i].index_add_(0, at, per_space.to(noise_sums.device))
+
+
 class SparseRowwiseOptimizer:
     """One row-wise update of every touched embedding row per global step, optionally scaled by
     the row's gradient signal-to-noise ratio (DESIGN.md 4.3).
@@ -381,6 +399,8 @@ class SparseRowwiseOptimizer:
             ]
         self._last_summary: list[dict[str, Any]] = []
         self._noise: NoisePieces | None = None
+        #: Sum the gradient noise scale's per-table pieces (off: :meth:`noise_pieces` is None).
+        self.track_noise = True
 
     def collect(self) -> None:
         """Fold the row gradients captured since the last call in as one more group."""
@@ -437,7 +457,9 @@ class SparseRowwiseOptimizer:
         self._last_summary = summary
         self.last_rows = recorded if self.record_rows else []
         both = torch.cat(noise_sums, dim=1) if noise_sums else torch.zeros(2, 0)
-        self._noise = NoisePieces.of(noise_names, both[0], both[1], self.k)
+        self._noise = (
+            NoisePieces.of(noise_names, both[0], both[1], self.k) if self.track_noise else None
+        )
         self.k = 0
 
     def noise_pieces(self) -> NoisePieces | None:
@@ -521,11 +543,8 @@ class SparseRowwiseOptimizer:
         rows, grad_sum, sq_sum, n_groups, id_counts = acc.drain()
         table_ix = space.table_index(rows)
         n_tables = len(space.tables)
-        at = torch.tensor(space.tables, device=noise_sums.device)
-        for i, per_row in enumerate((row_sq_norm(grad_sum), sq_sum)):
-            per_space = torch.zeros(n_tables, dtype=torch.float64, device=rows.device)
-            per_space.index_add_(0, table_ix, per_row.double())
-            noise_sums[i].index_add_(0, at, per_space.to(noise_sums.device))
+        if self.track_noise:
+            add_table_sums(noise_sums, space.tables, table_ix, grad_sum, sq_sum)
         raw = ratio = torch.ones(rows.numel(), device=grad_sum.device)
         stats: list[dict[str, float]] = [{} for _ in space.tables]
         if self.gsnr:

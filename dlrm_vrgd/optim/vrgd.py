@@ -94,6 +94,8 @@ class GroupGSNROptimizer(Optimizer):
         self._warned_single_group = False
         self._group_norms = GroupSqNorms(p for g in self.param_groups for p in g["params"])
         self._noise: NoisePieces | None = None
+        #: Keep the gradient noise scale's sums (off: :meth:`noise_pieces` is None).
+        self.track_noise = True
         #: Measure the realised step ratio in the next step (the trainer sets it on the steps
         #: whose GSNR it records; it costs one extra update).
         self.measure_steps = False
@@ -110,8 +112,9 @@ class GroupGSNROptimizer(Optimizer):
             self._with_sq = any(g["gamma"] < 1.0 for g in self.param_groups)
         with_sq = self._with_sq
         fresh, grads, sums, sqs = [], [], [], []
-        with_grad = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
-        self._group_norms.add(with_grad, [p.grad for p in with_grad])  # the noise scale's Σ|g_d|²
+        if self.track_noise:  # the noise scale's Σ_d |g_d|²
+            with_grad = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+            self._group_norms.add(with_grad, [p.grad for p in with_grad])
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -184,7 +187,7 @@ class GroupGSNROptimizer(Optimizer):
         if self._k == 0:
             raise RuntimeError("step() called before collect(): no gradient groups")
         k = self._reduce()
-        self._noise = self._noise_pieces(k)
+        self._noise = self._noise_pieces(k) if self.track_noise else None
         if k < 2 and not self._warned_single_group:
             logger.warning("VRGD step with %d gradient group(s): GSNR is undefined, ratio = 1", k)
             self._warned_single_group = True

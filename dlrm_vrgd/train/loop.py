@@ -322,6 +322,7 @@ class Trainer:
             ],
             "dense_opt": self.dense_opt.state_dict(),
             "sparse_opt": self.sparse_opt.state_dict(),
+            "noise_scale": self.noise.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
             "best_val": self.best_val,
             "config": self.cfg.to_dict(),
@@ -346,6 +347,9 @@ class Trainer:
                     s.copy_(s0)
         self.dense_opt.load_state_dict(state["dense_opt"])
         self.sparse_opt.load_state_dict(state["sparse_opt"])
+        self.noise.load_state_dict(
+            state.get("noise_scale"), [n for lk in self.lookups for n in lk.table_names]
+        )
         torch.set_rng_state(state["rng"]["torch"])
         self.step = int(state["step"])
         self.best_val = state.get("best_val")

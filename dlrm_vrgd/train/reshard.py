@@ -225,6 +225,7 @@ def rank_state(full: FullState, lookups: list[Any], with_ema: bool) -> dict[str,
     """The state dict (:meth:`Trainer.load_state_dict`'s) of a trainer whose row-wise lookups
     are ``lookups`` (their ``table_names`` are shard labels), cut from ``full``."""
     state = dict(full.rank0)
+    state.pop("noise_scale", None)  # its table EMAs are per rank: they start again
     tables_out = []
     ema_out = []
     for lk in lookups:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from service.client import ServiceClient
+from service.client import API, ServiceClient
 from service.jobs.backends import process
 from service.jobs.runner import JOB_ENV
 from service.launcher import LocalService
@@ -225,6 +225,17 @@ def test_the_job_page_draws_the_auc_and_gsnr_charts(signed_in: Watched, served: 
     assert page.locator("#gsnr-table .mult").count() == len(tables)
     wait_chart(page, "gsnr-summary", 1, len(train))
 
+    # the noise scale over training, in rows, against a line at the run's global batch
+    noise = [r["noise_scale"] for r in gsnr]
+    wait_chart(page, "noise-scale", 4, len(gsnr))
+    data = chart_data(page, "noise-scale")
+    want = [(r["step"], n["model"]["b_simple"]) for r, n in zip(gsnr, noise, strict=True)]
+    assert flat(pairs(data, 1)) == approx_flat([(x, y) for x, y in want if y is not None])
+    assert [y for _, y in pairs(data, 4)] == [256] * len(gsnr)
+    labels = page.evaluate("() => window.dashboard.charts['noise-scale'].axes.map(a => a.label)")
+    assert labels == ["step", "batch size (rows)"]
+    assert page.evaluate("() => window.dashboard.charts['noise-scale'].scales.y.distr") == 3
+
     # the canvas really has ink on it (not only data handed to the library)
     inked = page.evaluate(
         """() => {
@@ -255,6 +266,26 @@ def test_the_job_page_draws_the_auc_and_gsnr_charts(signed_in: Watched, served: 
     page.click("button[data-tab=logs]")
     page.wait_for_selector("#logs:has-text('test AUC')")
     shot(page, "job-finished")
+
+
+def test_advice_of_a_running_and_a_finished_job(served: Served) -> None:
+    """GET /jobs/{id}/advice reads the run directory's gsnr.jsonl as it stands: a running
+    job's advice moves with it; a finished one's is result.json's ``noise_scale``."""
+    client, running = served.client, served.running["id"]
+    first = client.advice(running)
+    assert first["global_batch"] == 256 and first["k"] == 4 and first["rows_per_group"] == 64
+    model = first["scopes"]["model"]
+    assert model["b_simple"] > 0 and model["p10"] <= model["b_simple"] <= model["p90"]
+    assert [t["batch_over_g"] for t in model["tradeoff"]] == [0.25, 0.5, 1.0, 2.0, 4.0]
+    assert "not a promise" in first["note"]
+    wait_for(lambda: client.advice(running)["last_step"] > first["last_step"], timeout=60)
+    finished = served.finished["id"]
+    assert client.advice(finished) == client.result(finished)["noise_scale"]
+    assert client.advice(finished, last=1.0)["steps"][0] == 1
+    for bad in ("0", "2", "x"):
+        r = client.http.get(f"{API}/jobs/{finished}/advice", params={"last": bad})
+        assert r.status_code == 422 and "last" in r.text
+    assert client.http.get(f"{API}/jobs/0123456789abcdef/advice").status_code == 404
 
 
 def test_a_new_metric_point_arrives_live(signed_in: Watched, served: Served) -> None:

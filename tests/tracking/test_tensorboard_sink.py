@@ -49,6 +49,16 @@ def expected(run_dir: Path) -> dict[tuple[str, int], float]:
                 for key, value in e.items():
                     if key not in ("name", "table", "numel") and numeric(value):
                         out[(f"gsnr/{group}/{e[name]}/{key}", r["step"])] = f32(value)
+        noise = r["noise_scale"]
+        for key in ("global_batch", "window_steps"):
+            out[(f"noise_scale/{key}", r["step"])] = f32(noise[key])
+        parts = [(scope, noise[scope]) for scope in ("model", "dense", "tables")]
+        parts += [(f"tensor/{e['name']}", e) for e in noise["per_tensor"]]
+        parts += [(f"table/{e['table']}", e) for e in noise["per_table"]]
+        for prefix, e in parts:
+            for key, value in e.items():
+                if numeric(value):
+                    out[(f"noise_scale/{prefix}/{key}", r["step"])] = f32(value)
     return out
 
 

@@ -215,3 +215,28 @@ def test_cowclip_on_two_ranks_equals_one_rank(runs: dict[str, Path]) -> None:
         tables = read_jsonl(run / "gsnr.jsonl")[-1]["tables"]
         clipped = [t["cowclip_clipped"] for t in tables]
         assert len(tables) == 6 and max(clipped) > 0 and min(clipped) < 1
+
+
+def test_noise_scale_on_two_ranks_equals_one_rank(runs: dict[str, Path]) -> None:
+    """The same k = 8 groups of 32 rows (one rank's 8 micro-batches, or two ranks' 4): the
+    dense tensors' sums ride in the all-reduce, each table's are its owner's, gathered on rank
+    0; the noise-scale records agree (model, dense, tables, per tensor, per table)."""
+    one = read_jsonl(runs["one"] / "gsnr.jsonl")
+    two = read_jsonl(runs["two"] / "gsnr.jsonl")
+    assert [r["step"] for r in one] == [r["step"] for r in two]
+    for a, b in zip(one, two, strict=True):
+        na, nb = a["noise_scale"], b["noise_scale"]
+        assert na["k"] == nb["k"] == 8 and na["rows_per_group"] == nb["rows_per_group"] == 32
+        fields = ("g2", "s", "g2_raw", "s_raw")
+        for scope in ("model", "dense", "tables"):
+            for f in fields:
+                assert nb[scope][f] == pytest.approx(na[scope][f], rel=1e-4, abs=1e-9)
+        tables_a = {t["table"]: t for t in na["per_table"]}
+        tables_b = {t["table"]: t for t in nb["per_table"]}
+        assert tables_a.keys() == tables_b.keys() and len(tables_a) == 6
+        for name, t in tables_a.items():
+            for f in fields:
+                assert tables_b[name][f] == pytest.approx(t[f], rel=1e-4, abs=1e-9)
+        for ta, tb in zip(na["per_tensor"], nb["per_tensor"], strict=True):
+            assert ta["name"] == tb["name"]
+            assert tb["s"] == pytest.approx(ta["s"], rel=1e-4)

@@ -165,3 +165,23 @@ def test_advice_skips_malformed_lines() -> None:
     advice = advise_records(found)
     assert advice["scopes"]["dense"]["b_simple"] == 2.0 and advice["global_batch"] is None
     assert advise_records([])["reason"].startswith("no noise_scale records")
+
+
+def test_resume_continues_the_noise_scale_ema(tmp_path: Path) -> None:
+    """The EMAs are checkpointed: a run crashed at step 3 and resumed from step 2 writes the
+    noise-scale records of the uninterrupted run."""
+    from .test_checkpoint import CrashAt
+
+    cfg = tiny_config("run.steps=4", "run.checkpoint_every=2", "run.tensorboard=false", **SGD)
+    train(cfg, tmp_path / "whole")
+    with pytest.raises(RuntimeError):
+        train(cfg, tmp_path / "crashed", callbacks=[CrashAt(3)])
+    train(cfg, tmp_path / "crashed", resume=True)
+    whole = read_jsonl(tmp_path / "whole" / "gsnr.jsonl")
+    resumed = read_jsonl(tmp_path / "crashed" / "gsnr.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(whole, resumed, strict=True):
+        assert b["noise_scale"]["ema_steps"] == a["noise_scale"]["ema_steps"]
+        for scope in ("model", "dense", "tables"):
+            for f in ("g2", "s", "g2_raw", "s_raw"):
+                assert b["noise_scale"][scope][f] == pytest.approx(a["noise_scale"][scope][f])

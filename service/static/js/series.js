@@ -85,7 +85,10 @@ export class JobSeries {
   constructor() {
     this.train = columns(TRAIN_KEYS);
     this.evals = { val: columns(EVAL_KEYS), test: columns(EVAL_KEYS) };
-    this.gsnr = { step: [], table_ratio: [], table_frac_clipped: [] };
+    // noise_*: the gradient noise scale B_simple (model, dense, tables) and the run's global
+    // batch G, per GSNR record; noiseReason: why the last record had no estimate (k = 1)
+    this.gsnr = { step: [], table_ratio: [], table_frac_clipped: [], noise_model: [], noise_dense: [], noise_tables: [], noise_g: [] };
+    this.noiseReason = null;
     this.dense = new Group(["ratio", "frac_clipped", "raw_gsnr", "step_ratio_mean"]);
     this.tables = new Group(["ratio", "frac_clipped", "multi_fraction", "step_ratio_mean"]);
     this.lastSeq = { metrics: 0, gsnr: 0 };
@@ -137,6 +140,13 @@ export class JobSeries {
     g.step.push(rec.step);
     g.table_ratio.push(ratios.length ? mean(ratios) : null);
     g.table_frac_clipped.push(clipped.length ? mean(clipped) : null);
+    const ns = rec.noise_scale && typeof rec.noise_scale === "object" ? rec.noise_scale : {};
+    const bSimple = (scope) => (ns[scope] && typeof ns[scope] === "object" ? num(ns[scope].b_simple) : null);
+    g.noise_model.push(bSimple("model"));
+    g.noise_dense.push(bSimple("dense"));
+    g.noise_tables.push(bSimple("tables"));
+    g.noise_g.push(num(ns.global_batch));
+    this.noiseReason = typeof ns.reason === "string" ? ns.reason : null;
     if (g.step.length > MAX_GSNR_POINTS) {
       thin(g);
       this.dense.thin();

@@ -1,8 +1,9 @@
-// The job page's four training charts, drawn from a JobSeries:
+// The job page's training charts, drawn from a JobSeries:
 //   loss vs step (train loss, validation logloss), AUC vs rows seen beside the oracle AUC,
-//   mean GSNR ratio and fraction clipped (dense layers, tables), learning rates.
+//   mean GSNR ratio and fraction clipped (dense layers, tables), learning rates, and the
+//   gradient noise scale B_simple against the run's own global batch G (log axis, in rows).
 
-import { chartCard, color, createChart, fade, fixedTicks, join, line } from "../charts.js";
+import { chartCard, color, compactTicks, createChart, fade, fixedTicks, join, line } from "../charts.js";
 import { compact, fmt, isNum, pct } from "../dom.js";
 
 const last = (xs) => {
@@ -35,6 +36,12 @@ export function lrRange(upper) {
   };
 }
 
+/** A log axis spanning the positive values with a margin (a decade when there are none). */
+function logRange(u, min, max) {
+  if (!isNum(min) || !isNum(max) || min <= 0) return [1, 10];
+  return [min / 1.5, max * 1.5];
+}
+
 export class TrainingCharts {
   /** Build the cards into `grid` (a .chart-grid element); `config` is the job's config. */
   constructor(grid, config) {
@@ -47,8 +54,12 @@ export class TrainingCharts {
     const auc = chartCard("AUC vs rows seen", { help: "Model AUC beside the oracle AUC (the true click probabilities' AUC on the same rows: the ceiling)." });
     const gsnr = chartCard("GSNR ratio and fraction clipped", { help: "Mean normalized GSNR ratio r ∈ [γ, 1] and share of elements/rows clipped at γ." });
     const lr = chartCard("Learning rate", { help: "Dense LR: left axis, upper half. Sparse LR: right axis, lower half (two scales, offset so that neither line hides the other)." });
-    grid.append(auc.card, loss.card, gsnr.card, lr.card);
-    this.subtitles = { loss: loss.subtitle, auc: auc.subtitle, gsnr: gsnr.subtitle, lr: lr.subtitle };
+    const noise = chartCard("Gradient noise scale B_simple vs the global batch G", {
+      wide: true,
+      help: "B_simple = EMA(S) / EMA(|G|²) (McCandlish et al. 2018): the batch, in rows, past which the paper's model says more rows per step stop paying (steps S/S_min = 1 + B_simple/B, rows E/E_min = 1 + B/B_simple). The dashed line is this run's global batch G. `dlrm-vrgd advise` reads the same records.",
+    });
+    grid.append(auc.card, loss.card, gsnr.card, lr.card, noise.card);
+    this.subtitles = { loss: loss.subtitle, auc: auc.subtitle, gsnr: gsnr.subtitle, lr: lr.subtitle, noise: noise.subtitle };
 
     this.loss = createChart("loss", loss.plot, {
       xLabel: "step",
@@ -84,6 +95,18 @@ export class TrainingCharts {
         ? "Waiting for data…"
         : `No GSNR figures: ${dense} and ${sparse} compute none (VR-* optimizers do).`,
     });
+    this.noise = createChart("noise-scale", noise.plot, {
+      xLabel: "step",
+      scales: { y: { distr: 3, range: logRange } },
+      series: [
+        line("B_simple (model)", { color: color(0), width: 2, digits: 0 }),
+        line("B_simple (dense)", { color: color(4), width: 1.25, digits: 0 }),
+        line("B_simple (tables)", { color: color(2), width: 1.25, digits: 0 }),
+        line("global batch G", { color: "#6b7280", width: 1.5, dash: [6, 4], digits: 0 }),
+      ],
+      axes: [{ label: "batch size (rows)", ticks: compactTicks }],
+      emptyText: "No noise-scale estimate yet (it needs k ≥ 2 micro-batches per step).",
+    });
     this.lr = createChart("lr", lr.plot, {
       xLabel: "step",
       scales: { y: { range: lrRange(true) }, lr_sparse: { auto: true, range: lrRange(false) } },
@@ -110,6 +133,8 @@ export class TrainingCharts {
       [s.gsnr.step, s.gsnr.table_ratio, s.gsnr.table_frac_clipped],
     ]));
     this.lr.set([t.step, t.lr_dense, t.lr_sparse]);
+    const g = s.gsnr;
+    this.noise.set([g.step, g.noise_model, g.noise_dense, g.noise_tables, g.noise_g]);
 
     // the latest figures beside each title
     const lastLoss = last(t.loss);
@@ -127,10 +152,17 @@ export class TrainingCharts {
     this.subtitles.gsnr.textContent = parts.join(" · ");
     const lrd = last(t.lr_dense);
     this.subtitles.lr.textContent = isNum(lrd) ? `dense ${lrd.toPrecision(3)} · sparse ${compact(last(t.lr_sparse), 3)}` : "";
+    const bn = last(g.noise_model);
+    const gb = last(g.noise_g);
+    this.subtitles.noise.textContent = s.noiseReason
+      ? `no estimate: ${s.noiseReason}`
+      : isNum(bn) && isNum(gb)
+        ? `B_simple ${compact(bn, 3)} · G ${compact(gb, 3)} = ${fmt(gb / bn, 2)} × B_simple`
+        : "";
   }
 
   destroy() {
-    for (const c of [this.loss, this.auc, this.gsnr, this.lr]) c.destroy();
+    for (const c of [this.loss, this.auc, this.gsnr, this.lr, this.noise]) c.destroy();
   }
 }
 
