@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dlrm_vrgd.redact import redact
@@ -24,6 +25,7 @@ class Sink:
 
     ``start(record)`` once (the ``kind: start`` record), ``metrics(record)`` for each
     ``metrics.jsonl`` record, ``gsnr(record)`` for each ``gsnr.jsonl`` record,
+    ``model(path)`` once a model directory is exported (``train --export-model``),
     ``result_fields()`` for what to add to ``result.json``, ``finish(result)`` once
     ``result.json`` is written, and ``close()`` always (after a failure too).
     """
@@ -35,6 +37,8 @@ class Sink:
     def metrics(self, record: dict[str, Any]) -> None: ...
 
     def gsnr(self, record: dict[str, Any]) -> None: ...
+
+    def model(self, model_dir: Path) -> None: ...
 
     def result_fields(self) -> dict[str, Any]:
         return {}
@@ -72,6 +76,9 @@ class Sinks(Sink):
 
     def gsnr(self, record: dict[str, Any]) -> None:
         self._each("gsnr", record)
+
+    def model(self, model_dir: Path) -> None:
+        self._each("model", model_dir)
 
     def result_fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

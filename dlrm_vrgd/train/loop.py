@@ -683,6 +683,7 @@ def train(
                 from dlrm_vrgd.serve.export import export_model
 
                 export_model(out, export_to, trainer.step, overwrite=True)
+                sink.model(Path(export_to))  # MLflow logs (and registers) it
             written = _write_result(
                 out, cfg, result, result.samples - samples_before, env, sink.result_fields()
             )
