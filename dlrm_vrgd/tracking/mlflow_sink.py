@@ -202,7 +202,7 @@ class MlflowSink(Sink):
     def _add(self, series: Any, record: dict[str, Any], send: bool) -> None:
         from mlflow.entities import Metric
 
-        stamp = int(time.time() * 1000)
+        stamp = int(sc.wall_time(record, time.time()) * 1000)
         self._pending += [Metric(tag, value, stamp, step) for tag, value, step in series(record)]
         if send or len(self._pending) >= MAX_METRICS or self._due():
             self._send()

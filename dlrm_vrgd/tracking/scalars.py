@@ -29,9 +29,12 @@ from typing import Any
 
 Scalar = tuple[str, float, int]
 
+#: The field every record gets when it is written (:class:`~dlrm_vrgd.tracking.sink.Sinks`):
+#: Unix time in seconds, the wall time of its events (a rebuilt ``tb/`` keeps the run's clock).
+WALL_TIME = "wall_time"
 #: Eval record fields that say which rows were scored, not how well.
-_EVAL_SKIP = {"kind", "split", "step", "samples", "rows"}
-_TRAIN_SKIP = {"kind", "step", "samples"}
+_EVAL_SKIP = {"kind", "split", "step", "samples", "rows", WALL_TIME}
+_TRAIN_SKIP = {"kind", "step", "samples", WALL_TIME}
 #: gsnr.jsonl entry fields that name the entry or never change.
 _GSNR_SKIP = {"name", "table", "numel"}
 #: gsnr.jsonl list key -> tag group.
@@ -52,6 +55,12 @@ def number(value: Any) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def wall_time(record: dict[str, Any], default: float) -> float:
+    """The record's ``wall_time``, or ``default`` (records written before it existed)."""
+    value = number(record.get(WALL_TIME))
+    return default if value is None else value
 
 
 def metric_scalars(record: dict[str, Any]) -> list[Scalar]:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dlrm_vrgd.redact import redact
+from dlrm_vrgd.tracking.scalars import WALL_TIME
 
 logger = logging.getLogger(__name__)
 
@@ -69,13 +71,13 @@ class Sinks(Sink):
                 _close_quietly(sink)
 
     def start(self, record: dict[str, Any]) -> None:
-        self._each("start", record)
+        self._each("start", stamped(record))
 
     def metrics(self, record: dict[str, Any]) -> None:
-        self._each("metrics", record)
+        self._each("metrics", stamped(record))
 
     def gsnr(self, record: dict[str, Any]) -> None:
-        self._each("gsnr", record)
+        self._each("gsnr", stamped(record))
 
     def model(self, model_dir: Path) -> None:
         self._each("model", model_dir)
@@ -97,6 +99,14 @@ class Sinks(Sink):
             _close_quietly(sink)
         for sink in self.strict:
             sink.close()
+
+
+def stamped(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its ``wall_time`` (Unix seconds, ms precision) added when it has none:
+    the run directory keeps when each record was written, and every tracker uses that time."""
+    if WALL_TIME in record:
+        return record
+    return {**record, WALL_TIME: round(time.time(), 3)}
 
 
 def _close_quietly(sink: Sink) -> None:

@@ -126,10 +126,10 @@ class TensorBoardSink(Sink):
         self._file.layout()
 
     def metrics(self, record: dict[str, Any]) -> None:
-        self._worker.submit(self._metrics, record, time.time())
+        self._worker.submit(self._metrics, record, sc.wall_time(record, time.time()))
 
     def gsnr(self, record: dict[str, Any]) -> None:
-        self._worker.submit(self._gsnr, record, time.time())
+        self._worker.submit(self._gsnr, record, sc.wall_time(record, time.time()))
 
     def finish(self, result: dict[str, Any]) -> None:
         self._worker.submit(self._hparams, result, time.time())
@@ -173,7 +173,9 @@ def rebuild(run_dir: Path) -> Path:
     """Write ``RUN/tb/`` afresh from ``metrics.jsonl`` and ``gsnr.jsonl`` (and, for a finished
     run, the hparams summary from ``config.json`` + ``result.json``); returns the event file.
 
-    Wall times are not in the run directory: every event gets the time of the rebuild.
+    Every event keeps its record's ``wall_time`` (when it was written), so TensorBoard's
+    *relative* and *wall* axes show the run as it ran; records from before that field existed
+    get the time of the rebuild.
     """
     run_dir = Path(run_dir)
     if not (run_dir / rundir.METRICS).exists():
@@ -187,17 +189,19 @@ def rebuild(run_dir: Path) -> Path:
         events.layout()
         # Live writing interleaves the two files by step; TensorBoard keys points by
         # (tag, step), so the order between the files does not change what it shows.
+        last = now
         for record in _records(run_dir / rundir.METRICS):
-            events.scalars(sc.metric_scalars(record), now)
+            events.scalars(sc.metric_scalars(record), sc.wall_time(record, now))
+            last = sc.wall_time(record, last)
         for record in _records(run_dir / rundir.GSNR):
-            events.scalars(sc.gsnr_scalars(record), now)
+            events.scalars(sc.gsnr_scalars(record), sc.wall_time(record, now))
         result_path = run_dir / rundir.RESULT
         if result_path.exists():
             result = json.loads(result_path.read_text())
             config = result.get("config")
             if config is None and (run_dir / rundir.CONFIG).exists():
                 config = json.loads((run_dir / rundir.CONFIG).read_text())
-            events.hparams(config or {}, result, now)
+            events.hparams(config or {}, result, last)
     finally:
         events.close()
     return events.path
