@@ -39,7 +39,7 @@ _TRAIN_SKIP = {"kind", "step", "samples", WALL_TIME}
 _GSNR_SKIP = {"name", "table", "numel"}
 #: gsnr.jsonl list key -> tag group.
 _GSNR_GROUPS = {"dense": "dense", "tables": "table"}
-_SPLIT_PREFIX = {"train": "train_eval"}
+SPLIT_PREFIX = {"train": "train_eval"}
 #: The noise scale's aggregate entries.
 _NOISE_SCOPES = ("model", "dense", "tables")
 
@@ -70,7 +70,7 @@ def metric_scalars(record: dict[str, Any]) -> list[Scalar]:
         prefix, skip = "train", _TRAIN_SKIP
     elif kind == "eval":
         split = str(record.get("split"))
-        prefix, skip = _SPLIT_PREFIX.get(split, split), _EVAL_SKIP
+        prefix, skip = SPLIT_PREFIX.get(split, split), _EVAL_SKIP
     else:
         return []
     step = int(record["step"])

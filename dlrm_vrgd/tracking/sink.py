@@ -28,6 +28,7 @@ class Sink:
     ``start(record)`` once (the ``kind: start`` record), ``metrics(record)`` for each
     ``metrics.jsonl`` record, ``gsnr(record)`` for each ``gsnr.jsonl`` record,
     ``model(path)`` once a model directory is exported (``train --export-model``),
+    ``pr_curve(record, labels, probs)`` and ``histograms(step, arrays)`` at an eval (trackers),
     ``result_fields()`` for what to add to ``result.json``, ``finish(result)`` once
     ``result.json`` is written, and ``close()`` always (after a failure too).
     """
@@ -41,6 +42,10 @@ class Sink:
     def gsnr(self, record: dict[str, Any]) -> None: ...
 
     def model(self, model_dir: Path) -> None: ...
+
+    def pr_curve(self, record: dict[str, Any], labels: Any, probs: Any) -> None: ...
+
+    def histograms(self, step: int, arrays: dict[str, Any]) -> None: ...
 
     def result_fields(self) -> dict[str, Any]:
         return {}
@@ -81,6 +86,21 @@ class Sinks(Sink):
 
     def model(self, model_dir: Path) -> None:
         self._each("model", model_dir)
+
+    def pr_curve(self, record: dict[str, Any], labels: Any, probs: Any) -> None:
+        """An eval record's predictions (numpy ``labels``, ``probs``); trackers only."""
+        self._each_tracker("pr_curve", record, labels, probs)
+
+    def histograms(self, step: int, arrays: dict[str, Any]) -> None:
+        """``tag -> values`` (numpy) at an eval step; trackers only."""
+        self._each_tracker("histograms", step, arrays)
+
+    def _each_tracker(self, method: str, *args: Any) -> None:
+        strict, self.strict = self.strict, []
+        try:
+            self._each(method, *args)
+        finally:
+            self.strict = strict
 
     def result_fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
