@@ -217,6 +217,10 @@ class Trainer:
         self.sparse_opt.measure_steps = measure
         if isinstance(self.dense_opt, GroupGSNROptimizer):
             self.dense_opt.measure_steps = measure
+            # an eval follows this step: TensorBoard's histograms show its GSNR ratios
+            every = self.cfg.run.eval_every
+            evals = (every and (step + 1) % every == 0) or step + 1 == self.total_steps
+            self.dense_opt.keep_ratios = self.cfg.run.tensorboard and bool(evals)
         t0 = time.perf_counter()
         losses = []
         for j in range(self.A):
@@ -274,8 +278,9 @@ class Trainer:
     @torch.no_grad()
     def weight_arrays(self) -> dict[str, np.ndarray]:
         """What TensorBoard's histograms show at an eval: every dense parameter
-        (``weights/dense/<name>``) and the L2 norm of every row of this rank's tables
-        (``weights/row_norm/<table>``)."""
+        (``weights/dense/<name>``), the L2 norm of every row of this rank's tables
+        (``weights/row_norm/<table>``) and, with a VR dense optimizer, the last step's
+        per-element GSNR ratio of each dense tensor (``gsnr/ratio/<name>``)."""
         out = {
             f"weights/dense/{name}": p.detach().float().cpu().numpy().ravel()
             for name, p in self.model.named_dense_parameters()
@@ -284,6 +289,8 @@ class Trainer:
             for name, w in zip(lk.table_names, lk.table_weights(), strict=True):
                 norms = torch.linalg.vector_norm(w.detach().float(), dim=1)
                 out[f"weights/row_norm/{name}"] = norms.cpu().numpy()
+        for name, ratio in getattr(self.dense_opt, "last_ratios", {}).items():
+            out[f"gsnr/ratio/{name}"] = ratio.detach().float().cpu().numpy().ravel()
         return out
 
     def gsnr_record(self) -> dict[str, Any]:

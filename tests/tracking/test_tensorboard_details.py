@@ -30,7 +30,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (work / "tiny.yaml").write_text(yaml.safe_dump(tiny_config_dict()))
     proc = subprocess.run(
         [sys.executable, "-m", "dlrm_vrgd.cli", "train", "--config", "tiny.yaml", "--out", "run",
-         "--set", "run.eval_every=2", "--set", "run.checkpoint_every=2"],
+         "--set", "run.eval_every=2", "--set", "run.checkpoint_every=2",
+         "--set", "optim.dense.name=vradam", "--set", "run.gsnr_every=1"],
         cwd=work, env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -40,7 +41,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_histograms_are_the_weights_and_row_norms_at_each_eval(run: Path) -> None:
     acc = accumulator(run / "tb")
-    tags = set(acc.Tags()["histograms"])
+    tags = {t for t in acc.Tags()["histograms"] if t.startswith("weights/")}
     for step in (2, 4):  # the periodic eval at 2, the final evals at 4
         state = torch.load(run / "checkpoints" / f"step_{step:08d}" / "rank0.pt", weights_only=True)
         want = {f"weights/dense/{n}": w.float().numpy().ravel() for n, w in state["dense"].items()}
@@ -59,6 +60,23 @@ def test_histograms_are_the_weights_and_row_norms_at_each_eval(run: Path) -> Non
             assert sum(h.bucket) == values.size, tag
     rows = {t: e.histogram_value.num for t, (*_, e) in ((t, acc.Histograms(t)) for t in tags)}
     assert rows["weights/row_norm/t_cat_0"] == 40  # a row per id (TINY_CARDINALITIES[0])
+
+
+def test_gsnr_ratio_histograms_average_to_the_recorded_ratio(run: Path) -> None:
+    """``gsnr/ratio/<tensor>``: the per-element ratio of the step before each eval; its mean is
+    gsnr.jsonl's per-tensor ``ratio`` (the mean clipped ratio), computed apart."""
+    acc = accumulator(run / "tb")
+    records = {r["step"]: r for r in jsonl(run / "gsnr.jsonl")}
+    tags = {t for t in acc.Tags()["histograms"] if t.startswith("gsnr/ratio/")}
+    dense = records[4]["dense"]
+    assert tags == {f"gsnr/ratio/{d['name']}" for d in dense} and dense
+    for step in (2, 4):
+        for d in records[step]["dense"]:
+            (event,) = [e for e in acc.Histograms(f"gsnr/ratio/{d['name']}") if e.step == step]
+            h = event.histogram_value
+            assert h.num == d["numel"]
+            assert 0.0 <= h.min <= h.max <= 1.0
+            assert h.sum / h.num == pytest.approx(d["ratio"], rel=1e-4), (step, d["name"])
 
 
 def roc_auc(tp: np.ndarray, fp: np.ndarray) -> float:
