@@ -715,7 +715,9 @@ def write_report(study: StudyConfig, out: Path) -> dict[str, Any]:
     return results
 
 
-def _load_cells(study: StudyConfig, out: Path) -> tuple[list[dict[str, Any]], Plan | None, int]:
+def _load_cells(
+    study: StudyConfig, out: Path
+) -> tuple[list[dict[str, Any]], Plan | None, int]:
     """The finished cells' figures (from their run directories; where a committed study kept
     only its results.json, from the per-cell figures stored there), the two-stage plan (None
     for one stage) and the number of cells planned."""
