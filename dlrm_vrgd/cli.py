@@ -357,6 +357,11 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(f"error: --best: {err}", file=sys.stderr)
             return 2
         print(f"the best-validation checkpoint (checkpoints/{BEST}): step {step}")
+    target = None
+    if args.mlflow or args.register_model:  # checked before anything is written
+        target = _mlflow_target(Path(args.run))
+        if target is None:
+            return 2
     result = export_model(
         args.run, args.out, step, program=not args.no_program, overwrite=args.overwrite
     )
@@ -366,7 +371,55 @@ def cmd_export(args: argparse.Namespace) -> int:
         f"exported step {result.step} ({result.world_size} rank(s)) of {args.run} -> "
         f"{result.out} ({len(files)} files, {size / 1e6:,.1f} MB)"
     )
+    if target is not None:
+        return _export_to_mlflow(*target, result.out, args.register_model)
     return 0
+
+
+def _mlflow_target(run: Path) -> tuple[Any, str] | None:
+    """The run's own MLflow run for ``export --mlflow``: its ``config.json``'s ``run.mlflow``
+    and ``result.json``'s ``mlflow.run_id`` (None, said on stderr, when it has none)."""
+    from pydantic import ValidationError
+
+    from dlrm_vrgd.config import MlflowConfig
+
+    try:
+        stored = json.loads((run / "result.json").read_text())
+        run_id = stored["mlflow"]["run_id"]
+        cfg = MlflowConfig.model_validate(
+            json.loads((run / "config.json").read_text())["run"]["mlflow"]
+        )
+    except (OSError, ValueError, KeyError, TypeError, ValidationError) as err:
+        print(
+            f"error: --mlflow: {run} has no MLflow run to log to (result.json's mlflow.run_id "
+            f"and config.json's run.mlflow; train it with run.mlflow set): {type(err).__name__}",
+            file=sys.stderr,
+        )
+        return None
+    if not isinstance(run_id, str):
+        print(f"error: --mlflow: {run}/result.json: mlflow.run_id is not a string", file=sys.stderr)
+        return None
+    return cfg, run_id
+
+
+def _export_to_mlflow(cfg: Any, run_id: str, model_dir: Path, name: str | None) -> int:
+    """``export --mlflow``: the model directory into the run's MLflow run, registered as
+    ``name`` (else ``run.mlflow.register_model``)."""
+    from dlrm_vrgd.redact import redact
+    from dlrm_vrgd.tracking.mlflow_sink import _client, log_model
+
+    try:
+        fields = log_model(_client(cfg), run_id, model_dir, name or cfg.register_model)
+    except Exception as err:
+        print(f"error: MLflow at {redact(cfg.tracking_uri)}: {type(err).__name__}: "
+              f"{redact(str(err))}", file=sys.stderr)  # fmt: skip
+        return 1
+    line = f"MLflow run {run_id}: logged {fields['model_uri']}"
+    if "registered_model" in fields:
+        reg = fields["registered_model"]
+        line += f", registered as {reg['name']!r} version {reg['version']}"
+    print(line)
+    return 1 if "registry_error" in fields else 0
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -585,6 +638,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="model directory (appears when complete)")
     ex.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
     ex.add_argument("--no-program", action="store_true", help="skip the torch.export model.pt2")
+    ex.add_argument(
+        "--mlflow",
+        action="store_true",
+        help="also log the model to the run's MLflow run (trained with run.mlflow)",
+    )
+    ex.add_argument(
+        "--register-model",
+        metavar="NAME",
+        help="with --mlflow (implied): register it as NAME (default: run.mlflow.register_model)",
+    )
     ex.set_defaults(fn=cmd_export)
 
     sc = sub.add_parser("score", help="click probabilities of raw Criteo rows or day files")

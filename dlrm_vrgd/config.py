@@ -371,8 +371,17 @@ class MlflowConfig(_Section):
     #: ``MLFLOW_TRACKING_PASSWORD`` or ``MLFLOW_TRACKING_TOKEN`` in the environment.
     tracking_uri: Annotated[str, Field(min_length=1, max_length=2000)]
     experiment: Annotated[str, Field(min_length=1, max_length=500)] = "dlrm-vrgd"
-    #: Where a newly created experiment keeps artifacts (None: the tracking server decides).
+    #: Where a newly created experiment keeps artifacts. None: the server decides; for a
+    #: ``sqlite:///PATH`` store, ``PATH``'s folder, beside the database (``runs/mlflow.db`` ->
+    #: ``runs/mlflow-artifacts/``), never MLflow's ``./mlruns`` in the working directory.
     artifact_location: Annotated[str, Field(min_length=1, max_length=2000)] | None = None
+    #: With ``--export-model``: register the exported model under this name in MLflow's model
+    #: registry (a new version per run). The model directory is logged as the run's ``model``
+    #: artifact either way.
+    register_model: (
+        Annotated[str, Field(min_length=1, max_length=250, pattern=r"^[A-Za-z0-9][\w.\- ]*$")]
+        | None
+    ) = None
     #: MLflow run name (None: the run directory's name).
     run_name: Annotated[str, Field(min_length=1, max_length=250)] | None = None
     #: Nest the run under this MLflow run (a study sets it for its cells).

@@ -99,6 +99,10 @@ class GroupGSNROptimizer(Optimizer):
         #: Measure the realised step ratio in the next step (the trainer sets it on the steps
         #: whose GSNR it records; it costs one extra update).
         self.measure_steps = False
+        #: Keep the next step's per-element ratios in :attr:`last_ratios` (name -> tensor;
+        #: the trainer sets it on the steps TensorBoard's histograms follow).
+        self.keep_ratios = False
+        self.last_ratios: dict[str, Tensor] = {}
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -192,6 +196,7 @@ class GroupGSNROptimizer(Optimizer):
             logger.warning("VRGD step with %d gradient group(s): GSNR is undefined, ratio = 1", k)
             self._warned_single_group = True
         self._stats = []
+        self.last_ratios = {}
         for group in self.param_groups:
             names = group.get("param_names") or [
                 f"param{len(self._stats) + i}" for i in range(len(group["params"]))
@@ -214,6 +219,10 @@ class GroupGSNROptimizer(Optimizer):
                 )
                 ratios = [r.to(p.dtype) for r, p in zip(parts, params, strict=True)]
                 stats = list(seg.as_dicts())
+                if self.keep_ratios:
+                    self.last_ratios.update(
+                        (n, r) for (n, _), r in zip(present, parts, strict=True)
+                    )
             measured = [st for st in stats if st is not None]
             if self.measure_steps and measured:
                 realised = self._measured_update(group, params, means, ratios)

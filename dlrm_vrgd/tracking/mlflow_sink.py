@@ -4,12 +4,17 @@ Params are the flattened config (``optim.dense.lr``), metrics the series of
 :mod:`dlrm_vrgd.tracking.scalars` (the same tags as TensorBoard's), sent with ``log_batch``
 in batches (at most 1000 values, at every eval and at the end, else every
 :data:`SEND_EVERY_S`). At the end ``result.json`` and ``config.json`` become artifacts and the
-MLflow run id is stored in ``result.json`` (``mlflow.run_id``). A study is one parent run
+MLflow run id is stored in ``result.json`` (``mlflow.run_id``). With ``--export-model`` the model
+directory becomes the run's ``model`` artifact and, with ``run.mlflow.register_model: NAME``, a
+new version of registered model NAME (:func:`log_model`; ``dlrm-vrgd export`` does the same for
+a run exported later). A study is one parent run
 (params: the study config; artifacts: its plots and tables) whose children are the cells.
 
 Every call to the tracking server runs on the sink's own thread. When the server cannot be
 reached, the failure is logged once, tracking stops for that run and training goes on: the run
-directory stays the record. HTTP retries are bounded (MLflow's own default retries for minutes):
+directory stays the record. A new experiment on a ``sqlite:///`` store keeps its artifacts beside
+the database (:func:`artifact_location`), not in MLflow's default ``./mlruns``.
+HTTP retries are bounded (MLflow's own default retries for minutes):
 ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` and ``MLFLOW_HTTP_REQUEST_TIMEOUT`` default to
 :data:`HTTP_RETRIES` and :data:`HTTP_TIMEOUT_S` unless set in the environment.
 """
@@ -52,11 +57,67 @@ def _client(cfg: MlflowConfig) -> Any:
     return MlflowClient(tracking_uri=cfg.tracking_uri)
 
 
+def artifact_location(cfg: MlflowConfig) -> str | None:
+    """Where a new experiment keeps its artifacts: ``cfg.artifact_location``, else for a
+    ``sqlite:///PATH`` store the folder ``STEM-artifacts`` beside the database (MLflow's own
+    default is ``./mlruns`` in whatever directory the job runs in), else None (the server
+    decides; a ``file:`` store keeps them inside the store)."""
+    if cfg.artifact_location is not None:
+        return cfg.artifact_location
+    uri = cfg.tracking_uri
+    if uri.lower().startswith("sqlite:///"):
+        db = uri[len("sqlite:///") :]  # SQLAlchemy: relative to the working directory
+        if db and db != ":memory:":
+            path = Path(db).resolve()
+            return (path.parent / f"{path.stem}-artifacts").as_uri()
+    return None
+
+
 def _experiment_id(client: Any, cfg: MlflowConfig) -> str:
     experiment = client.get_experiment_by_name(cfg.experiment)
     if experiment is not None:
         return str(experiment.experiment_id)
-    return str(client.create_experiment(cfg.experiment, artifact_location=cfg.artifact_location))
+    return str(client.create_experiment(cfg.experiment, artifact_location=artifact_location(cfg)))
+
+
+#: The run's artifact folder that holds the exported model directory.
+MODEL_ARTIFACT = "model"
+
+
+def log_model(client: Any, run_id: str, model_dir: Path, name: str | None) -> dict[str, Any]:
+    """Log the model directory ``model_dir`` (``dlrm-vrgd export``) as the run's ``model``
+    artifact and, with ``name``, register it as a new version of that registered model (created
+    if missing). Returns the fields ``result.json`` keeps under ``mlflow``: ``model_uri`` and
+    ``registered_model`` (name, version), or ``registry_error`` when the store has no registry
+    (the artifact stays logged)."""
+    client.log_artifacts(run_id, str(model_dir), artifact_path=MODEL_ARTIFACT)
+    uri = f"runs:/{run_id}/{MODEL_ARTIFACT}"
+    out: dict[str, Any] = {"model_uri": uri}
+    if name is None:
+        return out
+    from mlflow.exceptions import MlflowException
+
+    source = f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/{MODEL_ARTIFACT}"
+    try:
+        try:
+            client.create_registered_model(name)
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        version = client.create_model_version(name, source, run_id=run_id)
+    except Exception as err:  # no registry (a plain file store, a server without one)
+        logger.warning(
+            "MLflow: the model is logged as %s but not registered as %r (%s: %s)",
+            uri,
+            name,
+            type(err).__name__,
+            redact(str(err)),
+        )
+        out["registry_error"] = redact(f"{type(err).__name__}: {err}")
+        return out
+    logger.info("MLflow: registered %s as %r version %s", uri, name, version.version)
+    out["registered_model"] = {"name": name, "version": int(version.version)}
+    return out
 
 
 def log_params(client: Any, run_id: str, params: dict[str, Any]) -> None:
@@ -78,6 +139,8 @@ class MlflowSink(Sink):
         self.config = config
         self.run_id: str | None = None
         self.experiment_id: str | None = None
+        self._model: dict[str, Any] = {}
+        self._model_queued = False
         self._client: Any = None
         self._pending: list[Any] = []
         self._last_send = time.monotonic()
@@ -93,11 +156,17 @@ class MlflowSink(Sink):
     def gsnr(self, record: dict[str, Any]) -> None:
         self._worker.submit(self._add, sc.gsnr_scalars, record, False)
 
+    def model(self, model_dir: Path) -> None:
+        self._model_queued = True
+        self._worker.submit(self._log_model, Path(model_dir))
+
     def result_fields(self) -> dict[str, Any]:
         self._opened.wait(END_WAIT_S)
+        if self._model_queued and not self._worker.wait(END_WAIT_S):
+            logger.warning("MLflow: the model is still uploading; result.json will not name it")
         out: dict[str, Any] = {"tracking_uri": redact(self.cfg.tracking_uri)}
         if self.run_id is not None:
-            out.update(experiment_id=self.experiment_id, run_id=self.run_id)
+            out.update(experiment_id=self.experiment_id, run_id=self.run_id, **self._model)
         else:
             failed = self._worker.failed
             out["error"] = redact(f"{type(failed).__name__}: {failed}") if failed else "not started"
@@ -133,10 +202,13 @@ class MlflowSink(Sink):
     def _add(self, series: Any, record: dict[str, Any], send: bool) -> None:
         from mlflow.entities import Metric
 
-        stamp = int(time.time() * 1000)
+        stamp = int(sc.wall_time(record, time.time()) * 1000)
         self._pending += [Metric(tag, value, stamp, step) for tag, value, step in series(record)]
         if send or len(self._pending) >= MAX_METRICS or self._due():
             self._send()
+
+    def _log_model(self, model_dir: Path) -> None:
+        self._model = log_model(self._client, str(self.run_id), model_dir, self.cfg.register_model)
 
     def _due(self) -> bool:
         return time.monotonic() - self._last_send >= SEND_EVERY_S

@@ -29,14 +29,17 @@ from typing import Any
 
 Scalar = tuple[str, float, int]
 
+#: The field every record gets when it is written (:class:`~dlrm_vrgd.tracking.sink.Sinks`):
+#: Unix time in seconds, the wall time of its events (a rebuilt ``tb/`` keeps the run's clock).
+WALL_TIME = "wall_time"
 #: Eval record fields that say which rows were scored, not how well.
-_EVAL_SKIP = {"kind", "split", "step", "samples", "rows"}
-_TRAIN_SKIP = {"kind", "step", "samples"}
+_EVAL_SKIP = {"kind", "split", "step", "samples", "rows", WALL_TIME}
+_TRAIN_SKIP = {"kind", "step", "samples", WALL_TIME}
 #: gsnr.jsonl entry fields that name the entry or never change.
 _GSNR_SKIP = {"name", "table", "numel"}
 #: gsnr.jsonl list key -> tag group.
 _GSNR_GROUPS = {"dense": "dense", "tables": "table"}
-_SPLIT_PREFIX = {"train": "train_eval"}
+SPLIT_PREFIX = {"train": "train_eval"}
 #: The noise scale's aggregate entries.
 _NOISE_SCOPES = ("model", "dense", "tables")
 
@@ -54,6 +57,12 @@ def number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def wall_time(record: dict[str, Any], default: float) -> float:
+    """The record's ``wall_time``, or ``default`` (records written before it existed)."""
+    value = number(record.get(WALL_TIME))
+    return default if value is None else value
+
+
 def metric_scalars(record: dict[str, Any]) -> list[Scalar]:
     """The series of one ``metrics.jsonl`` record (``kind`` train or eval; others: none)."""
     kind = record.get("kind")
@@ -61,7 +70,7 @@ def metric_scalars(record: dict[str, Any]) -> list[Scalar]:
         prefix, skip = "train", _TRAIN_SKIP
     elif kind == "eval":
         split = str(record.get("split"))
-        prefix, skip = _SPLIT_PREFIX.get(split, split), _EVAL_SKIP
+        prefix, skip = SPLIT_PREFIX.get(split, split), _EVAL_SKIP
     else:
         return []
     step = int(record["step"])

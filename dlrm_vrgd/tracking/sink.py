@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dlrm_vrgd.redact import redact
+from dlrm_vrgd.tracking.scalars import WALL_TIME
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +27,8 @@ class Sink:
 
     ``start(record)`` once (the ``kind: start`` record), ``metrics(record)`` for each
     ``metrics.jsonl`` record, ``gsnr(record)`` for each ``gsnr.jsonl`` record,
+    ``model(path)`` once a model directory is exported (``train --export-model``),
+    ``pr_curve(record, labels, probs)`` and ``histograms(step, arrays)`` at an eval (trackers),
     ``result_fields()`` for what to add to ``result.json``, ``finish(result)`` once
     ``result.json`` is written, and ``close()`` always (after a failure too).
     """
@@ -35,6 +40,12 @@ class Sink:
     def metrics(self, record: dict[str, Any]) -> None: ...
 
     def gsnr(self, record: dict[str, Any]) -> None: ...
+
+    def model(self, model_dir: Path) -> None: ...
+
+    def pr_curve(self, record: dict[str, Any], labels: Any, probs: Any) -> None: ...
+
+    def histograms(self, step: int, arrays: dict[str, Any]) -> None: ...
 
     def result_fields(self) -> dict[str, Any]:
         return {}
@@ -65,13 +76,31 @@ class Sinks(Sink):
                 _close_quietly(sink)
 
     def start(self, record: dict[str, Any]) -> None:
-        self._each("start", record)
+        self._each("start", stamped(record))
 
     def metrics(self, record: dict[str, Any]) -> None:
-        self._each("metrics", record)
+        self._each("metrics", stamped(record))
 
     def gsnr(self, record: dict[str, Any]) -> None:
-        self._each("gsnr", record)
+        self._each("gsnr", stamped(record))
+
+    def model(self, model_dir: Path) -> None:
+        self._each("model", model_dir)
+
+    def pr_curve(self, record: dict[str, Any], labels: Any, probs: Any) -> None:
+        """An eval record's predictions (numpy ``labels``, ``probs``); trackers only."""
+        self._each_tracker("pr_curve", record, labels, probs)
+
+    def histograms(self, step: int, arrays: dict[str, Any]) -> None:
+        """``tag -> values`` (numpy) at an eval step; trackers only."""
+        self._each_tracker("histograms", step, arrays)
+
+    def _each_tracker(self, method: str, *args: Any) -> None:
+        strict, self.strict = self.strict, []
+        try:
+            self._each(method, *args)
+        finally:
+            self.strict = strict
 
     def result_fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -90,6 +119,14 @@ class Sinks(Sink):
             _close_quietly(sink)
         for sink in self.strict:
             sink.close()
+
+
+def stamped(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its ``wall_time`` (Unix seconds, ms precision) added when it has none:
+    the run directory keeps when each record was written, and every tracker uses that time."""
+    if WALL_TIME in record:
+        return record
+    return {**record, WALL_TIME: round(time.time(), 3)}
 
 
 def _close_quietly(sink: Sink) -> None:

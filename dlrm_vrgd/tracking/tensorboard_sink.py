@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 TB_DIR = "tb"
 #: Between evals, the live file is flushed at most this often (TensorBoard reloads ~30 s).
 FLUSH_EVERY_S = 10.0
+#: Thresholds of an eval's PR curve (TensorBoard's default).
+PR_THRESHOLDS = 127
+#: Buckets of a weight histogram (equal widths between its min and max).
+HISTOGRAM_BINS = 64
 
 
 class EventFile:
@@ -97,6 +101,9 @@ class EventFile:
     def close(self) -> None:
         self._writer.close()
 
+    def write_summary(self, summary: Any, step: int, wall_time: float) -> None:
+        self._summary(summary, step, wall_time)
+
     def _summary(self, summary: Any, step: int, wall_time: float) -> None:
         from tensorboardX.proto.event_pb2 import Event
 
@@ -126,13 +133,33 @@ class TensorBoardSink(Sink):
         self._file.layout()
 
     def metrics(self, record: dict[str, Any]) -> None:
-        self._worker.submit(self._metrics, record, time.time())
+        self._worker.submit(self._metrics, record, sc.wall_time(record, time.time()))
 
     def gsnr(self, record: dict[str, Any]) -> None:
-        self._worker.submit(self._gsnr, record, time.time())
+        self._worker.submit(self._gsnr, record, sc.wall_time(record, time.time()))
 
     def finish(self, result: dict[str, Any]) -> None:
         self._worker.submit(self._hparams, result, time.time())
+
+    def pr_curve(self, record: dict[str, Any], labels: Any, probs: Any) -> None:
+        """``pr/<split>`` (the PR Curves tab) at the eval's step. The summary (127 thresholds'
+        counts: one pass over the predictions) is made here, so the queue holds no arrays."""
+        from tensorboardX.summary import pr_curve
+
+        split = str(record.get("split"))
+        tag = f"pr/{sc.SPLIT_PREFIX.get(split, split)}"
+        summary = pr_curve(tag, labels.astype(bool), probs, num_thresholds=PR_THRESHOLDS)
+        wall = sc.wall_time(record, time.time())
+        self._worker.submit(self._summary, summary, int(record["step"]), wall)
+
+    def histograms(self, step: int, arrays: dict[str, Any]) -> None:
+        """One histogram per array (the Histograms / Distributions tabs), made here."""
+        from tensorboardX.summary import histogram
+
+        summaries = [histogram(tag, values, bins=HISTOGRAM_BINS) for tag, values in arrays.items()]
+        wall = time.time()
+        for summary in summaries:
+            self._worker.submit(self._summary, summary, step, wall)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every record handed over so far is written (benchmarks, tests)."""
@@ -151,6 +178,10 @@ class TensorBoardSink(Sink):
         assert self._file is not None
         self._file.scalars(sc.gsnr_scalars(record), wall)
         self._maybe_flush(False)
+
+    def _summary(self, summary: Any, step: int, wall: float) -> None:
+        assert self._file is not None
+        self._file.write_summary(summary, step, wall)
 
     def _maybe_flush(self, now: bool) -> None:
         """At every eval, and between evals every :data:`FLUSH_EVERY_S` (a live view)."""
@@ -173,7 +204,9 @@ def rebuild(run_dir: Path) -> Path:
     """Write ``RUN/tb/`` afresh from ``metrics.jsonl`` and ``gsnr.jsonl`` (and, for a finished
     run, the hparams summary from ``config.json`` + ``result.json``); returns the event file.
 
-    Wall times are not in the run directory: every event gets the time of the rebuild.
+    Every event keeps its record's ``wall_time`` (when it was written), so TensorBoard's
+    *relative* and *wall* axes show the run as it ran; records from before that field existed
+    get the time of the rebuild.
     """
     run_dir = Path(run_dir)
     if not (run_dir / rundir.METRICS).exists():
@@ -187,17 +220,19 @@ def rebuild(run_dir: Path) -> Path:
         events.layout()
         # Live writing interleaves the two files by step; TensorBoard keys points by
         # (tag, step), so the order between the files does not change what it shows.
+        last = now
         for record in _records(run_dir / rundir.METRICS):
-            events.scalars(sc.metric_scalars(record), now)
+            events.scalars(sc.metric_scalars(record), sc.wall_time(record, now))
+            last = sc.wall_time(record, last)
         for record in _records(run_dir / rundir.GSNR):
-            events.scalars(sc.gsnr_scalars(record), now)
+            events.scalars(sc.gsnr_scalars(record), sc.wall_time(record, now))
         result_path = run_dir / rundir.RESULT
         if result_path.exists():
             result = json.loads(result_path.read_text())
             config = result.get("config")
             if config is None and (run_dir / rundir.CONFIG).exists():
                 config = json.loads((run_dir / rundir.CONFIG).read_text())
-            events.hparams(config or {}, result, now)
+            events.hparams(config or {}, result, last)
     finally:
         events.close()
     return events.path

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,8 +56,10 @@ def evaluate_share(
     batches: list[EvalBatch],
     env: DistEnv,
     device: torch.device,
+    keep: dict[str, Any] | None = None,
 ) -> dict[str, float]:
-    """Metrics of the whole split from every rank's share (``predict`` returns probabilities)."""
+    """Metrics of the whole split from every rank's share (``predict`` returns probabilities).
+    With ``keep``, its ``probs`` and ``labels`` become the scored rows' (numpy; a PR curve)."""
     probs, labels, truth, valid = [], [], [], []
     has_truth = all(b.batch.probs is not None for b in batches)
     for eb in batches:
@@ -70,7 +73,9 @@ def evaluate_share(
     if has_truth:
         columns.append(torch.cat(truth).float())
     gathered = all_gather_rows(torch.stack(columns, dim=1), env)
-    keep = gathered[:, 2] > 0.5
+    mask = gathered[:, 2] > 0.5
     acc = EvalAccumulator()
-    acc.update(gathered[keep, 0], gathered[keep, 1], gathered[keep, 3] if has_truth else None)
+    acc.update(gathered[mask, 0], gathered[mask, 1], gathered[mask, 3] if has_truth else None)
+    if keep is not None:
+        keep["probs"], keep["labels"] = gathered[mask, 0].numpy(), gathered[mask, 1].numpy()
     return acc.compute()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -33,7 +34,8 @@ from dlrm_vrgd.optim.noise_scale import NoiseScale
 from dlrm_vrgd.optim.schedule import batch_scale, lr_factor
 from dlrm_vrgd.optim.sparse import CowClip, SparseRowwiseOptimizer
 from dlrm_vrgd.optim.vrgd import GroupGSNROptimizer
-from dlrm_vrgd.tracking import run_sinks
+from dlrm_vrgd.tracking import Sinks, run_sinks
+from dlrm_vrgd.tracking.sink import stamped
 from dlrm_vrgd.train import checkpoint as ckpt
 from dlrm_vrgd.train import rundir, stop
 from dlrm_vrgd.train.distributed import (
@@ -185,6 +187,8 @@ class Trainer:
         self.step = 0
         self.best_val: dict[str, Any] | None = None
         self._eval_cache: dict[tuple[int, int | None], list[EvalBatch]] = {}
+        #: split -> the last eval's ``probs`` / ``labels`` (until the sinks take them)
+        self.last_predictions: dict[str, dict[str, Any]] = {}
 
     # ----------------------------------------------------------------------- train
     def set_learning_rates(self, step: int) -> tuple[float, float]:
@@ -213,6 +217,10 @@ class Trainer:
         self.sparse_opt.measure_steps = measure
         if isinstance(self.dense_opt, GroupGSNROptimizer):
             self.dense_opt.measure_steps = measure
+            # an eval follows this step: TensorBoard's histograms show its GSNR ratios
+            every = self.cfg.run.eval_every
+            evals = (every and (step + 1) % every == 0) or step + 1 == self.total_steps
+            self.dense_opt.keep_ratios = self.cfg.run.tensorboard and bool(evals)
         t0 = time.perf_counter()
         losses = []
         for j in range(self.A):
@@ -267,6 +275,24 @@ class Trainer:
             where = f"table(s) {', '.join(bad)}" if bad else "a table of another rank"
             raise NonFiniteError(f"step {step}: {where} not finite")
 
+    @torch.no_grad()
+    def weight_arrays(self) -> dict[str, np.ndarray]:
+        """What TensorBoard's histograms show at an eval: every dense parameter
+        (``weights/dense/<name>``), the L2 norm of every row of this rank's tables
+        (``weights/row_norm/<table>``) and, with a VR dense optimizer, the last step's
+        per-element GSNR ratio of each dense tensor (``gsnr/ratio/<name>``)."""
+        out = {
+            f"weights/dense/{name}": p.detach().float().cpu().numpy().ravel()
+            for name, p in self.model.named_dense_parameters()
+        }
+        for lk in self.lookups:
+            for name, w in zip(lk.table_names, lk.table_weights(), strict=True):
+                norms = torch.linalg.vector_norm(w.detach().float(), dim=1)
+                out[f"weights/row_norm/{name}"] = norms.cpu().numpy()
+        for name, ratio in getattr(self.dense_opt, "last_ratios", {}).items():
+            out[f"gsnr/ratio/{name}"] = ratio.detach().float().cpu().numpy().ravel()
+        return out
+
     def gsnr_record(self) -> dict[str, Any]:
         """Per-tensor (dense) and per-table (sparse, from every rank) GSNR figures of the last
         step, and the gradient noise scale (``noise_scale``, :meth:`NoiseScale.record`). A
@@ -286,9 +312,11 @@ class Trainer:
         }
 
     # ------------------------------------------------------------------------ eval
-    def evaluate(self, source: RowSource, limit: int | None = None) -> dict[str, float]:
+    def evaluate(
+        self, source: RowSource, limit: int | None = None, keep: dict[str, Any] | None = None
+    ) -> dict[str, float]:
         """Model and oracle metrics of the first ``limit`` rows of ``source`` (every rank
-        scores a share; a collective when distributed)."""
+        scores a share; a collective when distributed); ``keep``: see :func:`evaluate_share`."""
         key = (id(source), limit)
         batches = self._eval_cache.get(key)
         if batches is None:
@@ -299,7 +327,7 @@ class Trainer:
         self.model.eval()
         try:
             return evaluate_share(
-                lambda b: torch.sigmoid(self.model(b)), batches, self.env, self.device
+                lambda b: torch.sigmoid(self.model(b)), batches, self.env, self.device, keep
             )
         finally:
             self.model.train()
@@ -608,7 +636,9 @@ def train(
                 eval_s += time.perf_counter() - t0
                 new_best = trainer.best_val is not None and trainer.best_val["step"] == trainer.step
                 if sink:
-                    sink.metrics(ev)
+                    written = stamped(ev)  # its wall_time is its PR curve's too
+                    sink.metrics(written)
+                    _eval_details(sink, trainer, [written])
                 for cb in callbacks:
                     cb.on_eval(ev)
                 stopped_early = _early_stop(trainer)
@@ -638,11 +668,14 @@ def train(
         if run.final_train_eval_rows:
             finals.append(_eval_record(trainer, "train", run.final_train_eval_rows))
         eval_s += time.perf_counter() - t0
-        for ev in finals:
+        written_finals = [stamped(ev) for ev in finals]
+        for ev, written in zip(finals, written_finals, strict=True):
             if sink:
-                sink.metrics(ev)
+                sink.metrics(written)
             for cb in callbacks:
                 cb.on_eval(ev)
+        if sink:
+            _eval_details(sink, trainer, written_finals)
         if out and (checkpointing or export_to is not None) and saved_step != trainer.step:
             trainer.save_checkpoint(out)
     except KeyboardInterrupt as err:
@@ -687,6 +720,7 @@ def train(
                 from dlrm_vrgd.serve.export import export_model
 
                 export_model(out, export_to, trainer.step, overwrite=True)
+                sink.model(Path(export_to))  # MLflow logs (and registers) it
             written = _write_result(
                 out, cfg, result, result.samples - samples_before, env, sink.result_fields()
             )
@@ -794,7 +828,9 @@ def _eval_record(trainer: Trainer, split: str, limit: int | None) -> dict[str, A
         "val": trainer.splits.val,
         "test": trainer.splits.test,
     }[split]
-    m = trainer.evaluate(source, limit)
+    keep: dict[str, Any] = {}
+    m = trainer.evaluate(source, limit, keep)
+    trainer.last_predictions[split] = keep
     record = {
         "kind": "eval",
         "split": split,
@@ -805,6 +841,19 @@ def _eval_record(trainer: Trainer, split: str, limit: int | None) -> dict[str, A
     if split == "val" and (trainer.best_val is None or m["auc"] > trainer.best_val["auc"]):
         trainer.best_val = {"step": trainer.step, "auc": m["auc"], "logloss": m["logloss"]}
     return record
+
+
+def _eval_details(sink: Sinks, trainer: Trainer, evals: list[dict[str, Any]]) -> None:
+    """At an eval step, for TensorBoard: the PR curve of each eval (its predictions, kept by
+    :func:`_eval_record`) and the weight histograms (once per step). Live only: a rebuilt
+    ``tb/`` has no histograms or PR curves (the run directory does not keep predictions)."""
+    if not trainer.cfg.run.tensorboard:
+        return
+    for ev in evals:
+        kept = trainer.last_predictions.pop(ev["split"], {})
+        if "probs" in kept:
+            sink.pr_curve(ev, kept["labels"], kept["probs"])
+    sink.histograms(trainer.step, trainer.weight_arrays())
 
 
 def _strip(record: dict[str, Any]) -> dict[str, Any]:

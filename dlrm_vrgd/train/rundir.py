@@ -156,6 +156,9 @@ class RunDirSink:
     def gsnr(self, record: dict[str, Any]) -> None:
         self._gsnr.write(record)
 
+    def model(self, model_dir: Path) -> None:
+        pass  # the loop exports the model itself
+
     def result_fields(self) -> dict[str, Any]:
         return {}
 

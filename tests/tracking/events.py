@@ -17,7 +17,12 @@ event_accumulator = pytest.importorskip(
 
 def accumulator(logdir: Path) -> Any:
     acc = event_accumulator.EventAccumulator(
-        str(logdir), size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0}
+        str(logdir),
+        size_guidance={
+            event_accumulator.SCALARS: 0,
+            event_accumulator.TENSORS: 0,
+            event_accumulator.HISTOGRAMS: 0,  # all of them (the default keeps one)
+        },
     )
     acc.Reload()
     return acc

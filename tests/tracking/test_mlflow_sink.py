@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dlrm_vrgd.study import StudyConfig, run_study
 from dlrm_vrgd.train.loop import train
 
-from ..conftest import tiny_config
+from ..conftest import tiny_config, tiny_config_dict
 from .events import jsonl
 
 pytest.importorskip("mlflow", reason="MLflow is optional: pip install '.[mlflow]'")
@@ -22,6 +26,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 # MLflow 3.17's SQLAlchemy models trip a deprecation of SQLAlchemy 2.1: noise we cannot fix
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
 
+REPO = Path(__file__).resolve().parents[2]
 SPLIT_PREFIX = {"val": "val", "test": "test", "train": "train_eval"}
 
 
@@ -130,3 +135,64 @@ def test_a_study_is_a_parent_run_with_its_tables_and_plots(tmp_path: Path) -> No
     # a second pass reuses the finished cells and the same parent run
     run_study(study, out)
     assert json.loads((out / "mlflow.json").read_text())["run_id"] == parent
+
+
+def _cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "dlrm_vrgd.cli", *argv],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_the_cli_keeps_artifacts_beside_the_store_and_registers_the_model(tmp_path: Path) -> None:
+    """``train --export-model`` from a working directory that is not the store's: no ``mlruns/``
+    appears there, the artifacts sit beside the sqlite database, and the model directory is the
+    run's ``model`` artifact and version 1, then 2 (``export --mlflow``), of the registered
+    model."""
+    work = tmp_path / "cwd"
+    (work / "store").mkdir(parents=True)
+    (work / "tiny.yaml").write_text(yaml.safe_dump(tiny_config_dict()))
+    mlflow = "{tracking_uri: 'sqlite:///store/mlflow.db', register_model: ctr-dlrm}"
+    proc = _cli(
+        work, "train", "--config", "tiny.yaml", "--out", "run", "--set", f"run.mlflow={mlflow}",
+        "--export-model", "model",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in work.iterdir()) == ["model", "run", "store", "tiny.yaml"]
+    assert sorted(p.name for p in (work / "store").iterdir()) == ["mlflow-artifacts", "mlflow.db"]
+    result = json.loads((work / "run" / "result.json").read_text())["mlflow"]
+    run_id = result["run_id"]
+    assert result["model_uri"] == f"runs:/{run_id}/model"
+    assert result["registered_model"] == {"name": "ctr-dlrm", "version": 1}
+    client = MlflowClient(f"sqlite:///{work / 'store' / 'mlflow.db'}")
+    run = client.get_run(run_id)
+    beside = (work / "store" / "mlflow-artifacts").resolve()
+    assert run.info.artifact_uri.startswith(beside.as_uri() + "/")
+    # the model directory, byte for byte, as the run's model artifact
+    model_files = sorted(p.name for p in (work / "model").iterdir())
+    assert {"manifest.json", "weights.pt", "model.pt2"} <= set(model_files)
+    assert sorted(Path(f.path).name for f in client.list_artifacts(run_id, "model")) == model_files
+    local = Path(client.download_artifacts(run_id, "model", str(tmp_path / "dl")))
+    for name in model_files:
+        assert (local / name).read_bytes() == (work / "model" / name).read_bytes(), name
+    (version,) = client.search_model_versions("name='ctr-dlrm'")
+    assert int(version.version) == 1 and version.run_id == run_id
+    assert version.source == f"{run.info.artifact_uri}/model"
+    # a later export of the same run adds version 2 to the run it came from
+    proc = _cli(work, "export", "--run", "run", "--out", "model2", "--mlflow", "--no-program")
+    assert proc.returncode == 0, proc.stderr
+    assert f"MLflow run {run_id}: logged runs:/{run_id}/model" in proc.stdout
+    assert "registered as 'ctr-dlrm' version 2" in proc.stdout
+    assert {int(v.version) for v in client.search_model_versions("name='ctr-dlrm'")} == {1, 2}
+    assert not (work / "mlruns").exists()
+
+
+def test_export_mlflow_without_an_mlflow_run_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_config_dict()))
+    argv = ["--config", "tiny.yaml", "--out", "run", "--set", "run.checkpoint_every=4"]
+    assert _cli(tmp_path, "train", *argv).returncode == 0
+    proc = _cli(tmp_path, "export", "--run", "run", "--out", "model", "--mlflow")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "has no MLflow run to log to" in proc.stderr and "run.mlflow" in proc.stderr
+    assert not (tmp_path / "model").exists()  # refused before anything is written

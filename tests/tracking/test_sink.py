@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -44,18 +45,36 @@ def test_a_failing_tracker_is_dropped_and_the_rest_go_on(caplog) -> None:
             sinks.metrics({"step": step})
         sinks.gsnr({"step": 2})
         sinks.close()
-    assert (
-        strict.calls
-        == fine.calls
-        == [
-            ("start", {"step": 0}),
-            ("metrics", {"step": 1}),
-            ("metrics", {"step": 2}),
-            ("gsnr", {"step": 2}),
-        ]
-    )
-    assert broken.calls == [("start", {"step": 0})] and broken.closed
+    assert strict.calls == fine.calls  # the same records, stamped once for every sink
+
+    def unstamped(calls: list[Any]) -> list[Any]:
+        return [(kind, {k: v for k, v in r.items() if k != "wall_time"}) for kind, r in calls]
+
+    assert unstamped(strict.calls) == [
+        ("start", {"step": 0}),
+        ("metrics", {"step": 1}),
+        ("metrics", {"step": 2}),
+        ("gsnr", {"step": 2}),
+    ]
+    assert unstamped(broken.calls) == [("start", {"step": 0})] and broken.closed
     assert len([r for r in caplog.records if "metrics broke" in r.getMessage()]) == 1
+
+
+def test_records_are_stamped_with_their_wall_time_once() -> None:
+    """Sinks add ``wall_time`` (Unix seconds, ms) to a record without one; a record that has
+    one (a rebuilt or replayed record) keeps it; the caller's dict is not changed."""
+    got = Recording()
+    sinks = Sinks([got])
+    record = {"step": 1}
+    before = time.time()
+    sinks.metrics(record)
+    sinks.gsnr({"step": 1, "wall_time": 12.5})
+    after = time.time()
+    assert record == {"step": 1}
+    (_, first), (_, second) = got.calls
+    assert round(before, 3) - 0.001 <= first["wall_time"] <= round(after, 3) + 0.001
+    assert first["wall_time"] == round(first["wall_time"], 3)
+    assert second == {"step": 1, "wall_time": 12.5}
 
 
 def test_a_failing_run_directory_fails_the_run() -> None:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +20,9 @@ from dlrm_vrgd.tracking import tensorboard_sink
 from dlrm_vrgd.train.loop import train
 
 from ..conftest import tiny_config
-from .events import f32, hparams, jsonl, scalars
+from .events import accumulator, f32, hparams, jsonl, scalars
+
+REPO = Path(__file__).resolve().parents[2]
 
 VR = {"dense": {"name": "vradam", "lr": 0.01}, "sparse": {"name": "gsnr_rowwise_adagrad"}}
 SPLIT_PREFIX = {"val": "val", "test": "test", "train": "train_eval"}
@@ -31,9 +37,10 @@ def expected(run_dir: Path) -> dict[tuple[str, int], float]:
     out: dict[tuple[str, int], float] = {}
     for r in jsonl(run_dir / "metrics.jsonl"):
         if r["kind"] == "train":
-            prefix, skip = "train", {"kind", "step", "samples"}
+            prefix, skip = "train", {"kind", "step", "samples", "wall_time"}
         elif r["kind"] == "eval":
-            prefix, skip = SPLIT_PREFIX[r["split"]], {"kind", "split", "step", "samples", "rows"}
+            prefix = SPLIT_PREFIX[r["split"]]
+            skip = {"kind", "split", "step", "samples", "rows", "wall_time"}
         else:
             continue
         for key, value in r.items():
@@ -140,6 +147,54 @@ def test_rebuilding_afterwards_equals_writing_live(live: Path, tmp_path: Path, c
     assert main(["tensorboard", str(copy)]) == 0  # again: replaced, not appended
     assert len(list((copy / "tb").glob("events.*"))) == 1
     assert scalars(copy / "tb") == scalars(live / "tb")
+
+
+def wall_times(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, wall time)] as TensorBoard reads them."""
+    acc = accumulator(logdir)
+    return {t: [(e.step, e.wall_time) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def test_events_carry_the_wall_time_of_their_records_live_and_rebuilt(
+    live: Path, tmp_path: Path
+) -> None:
+    """Every record is stamped with ``wall_time`` when written; its events carry that time,
+    live and after ``dlrm-vrgd tensorboard`` (the real CLI) rebuilt ``tb/`` much later."""
+    metrics, gsnr = jsonl(live / "metrics.jsonl"), jsonl(live / "gsnr.jsonl")
+    assert all(isinstance(r["wall_time"], float) for r in metrics + gsnr)
+    train_times = [r["wall_time"] for r in metrics if r["kind"] == "train"]
+    assert train_times == sorted(train_times) and train_times[0] < train_times[-1]
+    want = {
+        "train/loss": [(r["step"], r["wall_time"]) for r in metrics if r["kind"] == "train"],
+        "val/auc": [
+            (r["step"], r["wall_time"])
+            for r in metrics
+            if r["kind"] == "eval" and r["split"] == "val"
+        ],
+        "gsnr/table/t_cat_0/ratio": [(r["step"], r["wall_time"]) for r in gsnr],
+    }
+    live_times = wall_times(live / "tb")
+    for tag, points in want.items():
+        assert live_times[tag] == points, tag  # the record's float, as the event's double
+    copy = tmp_path / "old-run"
+    shutil.copytree(live, copy)
+    time.sleep(1.0)  # a rebuild's own clock would differ from every record's
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlrm_vrgd.cli", "tensorboard", str(copy)],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rebuilt = wall_times(copy / "tb")
+
+    def runs(times: dict[str, Any]) -> dict[str, Any]:
+        return {t: p for t, p in times.items() if not t.startswith("hparams/")}
+
+    assert runs(rebuilt) == runs(live_times)  # every tag, step and time as written live
+    # the hparams summary (written live when result.json is) takes the last record's time
+    last = max(r["wall_time"] for r in metrics)
+    assert {tuple(p) for t, p in rebuilt.items() if t.startswith("hparams/")} == {((4, last),)}
+    for tag, points in want.items():
+        assert rebuilt[tag] == points, tag
 
 
 def write_run(run_dir: Path, metrics: list[Any], gsnr: list[Any], tail: str = "") -> None:
