@@ -155,7 +155,15 @@ def test_the_untouched_export_loads(trained: Trained) -> None:
         vocab is not None
         and layout.vocab
         and sorted(m.read_manifest(trained.model)["files"])
-        == ["config.json", "features.json", "model.json", "model.pt2", "vocab.npy", "weights.pt"]
+        == [
+            "config.json",
+            "features.json",
+            "model.json",
+            "model.pt2",
+            "model_raw.pt2",
+            "vocab.npy",
+            "weights.pt",
+        ]
     )
 
 
