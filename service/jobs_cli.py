@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from service.client import TERMINAL, ApiError, ServiceClient
 
@@ -99,26 +98,14 @@ def connection(args: argparse.Namespace) -> tuple[str, str | None]:
 # ------------------------------------------------------------------------------ configs
 def read_job_config(path: Path, overrides: list[str]) -> dict[str, Any]:
     """The YAML file as a mapping with ``--set`` overrides applied (the service validates)."""
-    from dlrm_vrgd.config import ConfigError, apply_overrides
+    from dlrm_vrgd.config import ConfigError, apply_overrides, read_yaml_mapping
 
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CliError(f"config file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise CliError(f"{path}: cannot read ({type(err).__name__})") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise CliError(f"{path}{where}: not valid YAML") from None
-    if loaded is None:
-        loaded = {}
-    if not isinstance(loaded, dict):
-        raise CliError(f"{path}: the top level must be a mapping")
-    try:
-        return apply_overrides(loaded, overrides)
+        return apply_overrides(read_yaml_mapping(path), overrides)
     except ConfigError as err:
         raise CliError(str(err)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CliError(f"{path}: cannot read ({type(err).__name__})") from None
 
 
 def job_kind(config: dict[str, Any]) -> str:
