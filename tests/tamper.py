@@ -91,10 +91,14 @@ def mutate_bytes(path: Path, kind: str, data: st.DataObject) -> None:
 
 
 def same_json(a: bytes, b: bytes) -> bool:
+    """Whether two JSON texts hold the same values *and types*: Python's ``True == 1`` and
+    ``1.0 == 1`` would call a manifest edit from 1 to true "unchanged", yet a strict loader
+    rightly refuses it."""
     try:
-        return json.loads(a) == json.loads(b)
+        canon = [json.dumps(json.loads(x), sort_keys=True) for x in (a, b)]
     except ValueError:
         return False
+    return canon[0] == canon[1]
 
 
 MUTATIONS = ["flip", "truncate", "append", "json", "remove", "add_file", "symlink", "dir",
@@ -118,7 +122,7 @@ def mutate_dir(target: Path, data: st.DataObject, marker: Path) -> tuple[str, bo
         manifest = target / "manifest.json"
         before = manifest.read_bytes()
         mutate_json(manifest, data.draw(json_edits()), data)
-        return "manifest", json.loads(manifest.read_bytes()) != json.loads(before)
+        return "manifest", not same_json(manifest.read_bytes(), before)
     elif kind == "remove":
         path.unlink()
     elif kind == "add_file":

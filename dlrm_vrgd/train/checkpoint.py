@@ -298,13 +298,18 @@ def load_rank_state(ckpt: Path, rank: int, map_location: str | torch.device = "c
     return state
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=repr)
+
+
 def _state_problem(state: Any, manifest: dict[str, Any]) -> str | None:
     """What makes a loaded rank state unusable or disagree with its manifest (None if fine)."""
     if not isinstance(state, dict) or not _STATE_KEYS <= set(state):
         return f"not a rank state (a dict with {sorted(_STATE_KEYS)})"
     if state["step"] != manifest["step"] or state["world_size"] != manifest["world_size"]:
         return "its step or world size differs from the manifest's"
-    if state["config"] != manifest["config"]:  # the manifest's copy is not hashed: it must agree
+    if _canonical(state["config"]) != _canonical(manifest["config"]):
+        # The manifest's copy is not hashed: it must agree, types included (1 is not true).
         return "its config differs from the manifest's"
     tables = state["tables"]
     if not isinstance(state["dense"], dict) or not isinstance(tables, list):
