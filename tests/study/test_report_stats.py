@@ -299,3 +299,23 @@ def test_round_three_config_is_the_preregistered_design() -> None:
     assert "below 0.75" in prereg and "100–107" in prereg
     pilot = load_study(root / "configs" / "study_pilot_round3.yaml")
     assert pilot.base["data"] == study.base["data"] and pilot.steps_at_largest == 1000
+
+
+def test_round_three_32k_config_is_the_preregistered_design() -> None:
+    """Round three as run: cpu_32k's data and model (the regime that degraded most), the
+    two-stage protocol and the endpoints its PREREGISTRATION.md names."""
+    from dlrm_vrgd.study.config import load_study
+
+    root = Path(__file__).resolve().parents[2]
+    study = load_study(root / "configs" / "study_cpu_round3_32k.yaml")
+    assert study.two_stage and study.run_seeds == [0, 1]
+    assert study.confirm_seeds == list(range(100, 108))
+    assert study.batch_sizes == [4096, 32768] and study.steps_at_largest == 125
+    names = {o.name: o for o in study.optimizers}
+    assert set(names) == {"sgd", "adagrad", "vrsgd", "vradam", "cowclip_r1", "cowclip_r0.1"}
+    assert names["vrsgd"].groups == [16] and names["vradam"].groups == [16]
+    assert study.edge_extensions == 2 and study.collapse_auc == 0.78
+    regime = load_study(root / "configs" / "study_cpu_32k.yaml")
+    assert study.base["data"] == regime.base["data"] and study.base["model"] == regime.base["model"]
+    prereg = (root / "docs" / "study" / "cpu_round3_32k" / "PREREGISTRATION.md").read_text()
+    assert "below 0.78" in prereg and "100–107" in prereg and "32,768" in prereg
