@@ -87,3 +87,12 @@ def fill_disk(fs: Path, leave: int) -> None:
         except OSError as err:
             assert err.errno == errno.ENOSPC
     slack.unlink()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n`` (xdist, as ``make test`` runs), every test of the real two-node
+    Slurm runs on one worker (``--dist loadgroup``), so the run starts one cluster, not one per
+    worker."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
