@@ -321,7 +321,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
-    from dlrm_vrgd.data.criteo_preprocess import preprocess, summary_lines
+    from dlrm_vrgd.data.criteo.preprocess import preprocess, summary_lines
 
     result = preprocess(
         args.input,
@@ -346,7 +346,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     step = args.step
     if args.best:
-        from dlrm_vrgd.train.checkpoint import BEST, CheckpointError, best_checkpoint
+        from dlrm_vrgd.checkpoint import BEST, CheckpointError, best_checkpoint
 
         if step is not None:
             print("error: --best and --step name two checkpoints: pass one", file=sys.stderr)
@@ -425,8 +425,8 @@ def _export_to_mlflow(cfg: Any, run_id: str, model_dir: Path, name: str | None) 
 def cmd_score(args: argparse.Namespace) -> int:
     import time
 
+    from dlrm_vrgd import rundir
     from dlrm_vrgd.serve.score import score, summary_lines
-    from dlrm_vrgd.train import rundir
     from dlrm_vrgd.train.malloc import set_mmap_threshold
 
     # blocks and their parsed arrays are MiBs each: from mmap, so freeing one returns it and the
@@ -749,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except RuntimeError as err:
-        from dlrm_vrgd.train.checkpoint import CheckpointError
+        from dlrm_vrgd.checkpoint import CheckpointError
         from dlrm_vrgd.train.loop import NonFiniteError
 
         if not isinstance(err, NonFiniteError | CheckpointError):

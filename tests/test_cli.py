@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dlrm_vrgd.train.rundir import read_jsonl
+from dlrm_vrgd.rundir import read_jsonl
 
 from .conftest import tiny_config_dict
 

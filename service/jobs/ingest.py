@@ -1,6 +1,6 @@
 """Tail a run directory's JSON-lines files and summarize them into a job's progress.
 
-The trainer appends whole lines (``dlrm_vrgd.train.rundir``); a reader may still catch the file
+The trainer appends whole lines (``dlrm_vrgd.rundir``); a reader may still catch the file
 between two writes of a multi-write line on some filesystems, so only bytes up to the last
 newline are consumed and the offset advances exactly over them.
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrm_vrgd.train import checkpoint as ckpt
+from dlrm_vrgd import checkpoint as ckpt
 from service.jobs.files import JobFiles
 from service.jobs.retry import infrastructure_cause, resume_step
 

@@ -1,0 +1,279 @@
+"""Preprocessed Criteo day files as training input: memory-mapped, any row range in O(range).
+
+``dlrm-vrgd preprocess`` (:mod:`dlrm_vrgd.data.criteo.preprocess`) writes ``day_{i}_dense.npy``
+(N x 13 float32, transformed), ``day_{i}_sparse.npy`` (N x 26 int64 ids) and
+``day_{i}_labels.npy`` (N x 1 int32) plus ``manifest.json``. A directory without the manifest,
+or whose files differ from it in size, shape or dtype (or in SHA-256, with
+``data.verify_checksums``), is refused: an interrupted or altered conversion is never read.
+
+Splits (``data`` section, :class:`~dlrm_vrgd.config.CriteoData`):
+
+* ``train_days``: default every labeled day but the last;
+* ``val_days`` / ``test_days``: default the last labeled day. Where val and test are the same
+  days, their rows are divided: the first ``val_fraction`` go to val, the rest to test
+  (torchrec's halving of day 23). ``max_val_rows`` / ``max_test_rows`` keep the first rows only.
+* ``max_rows_per_table``: ids become ``id % cap`` when read (torchrec's ``num_embeddings``).
+
+A split is the concatenation of its day ranges; :meth:`CriteoSource.read` slices the memory
+maps of only the days a range touches. Shuffling (by blocks of ``shuffle_block_rows``) and
+rank sharding come from :class:`~dlrm_vrgd.data.batch.TrainStream`, which reads any
+``[start, stop)`` of the train source.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlrm_vrgd.config import NUM_SPARSE, CriteoData
+from dlrm_vrgd.data import DataSplits
+from dlrm_vrgd.data.criteo.format import NUM_CAT, NUM_INT
+from dlrm_vrgd.data.criteo.output import (
+    KINDS,
+    MANIFEST,
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    sha256_file,
+)
+from dlrm_vrgd.data.rows import Rows
+
+logger = logging.getLogger(__name__)
+
+#: Tables must be addressable by int32 row ids.
+MAX_TABLE_ROWS = 2**31 - 1
+
+
+class CriteoDataError(ValueError):
+    """A preprocessed directory that cannot be used, or a data config that does not fit it."""
+
+
+@dataclass(frozen=True)
+class Day:
+    """One day: memory maps ``dense`` N x 13 float32, ``sparse`` N x 26 int64, ``labels`` N x 1
+    int32."""
+
+    index: int
+    rows: int
+    labeled: bool
+    dense: np.ndarray
+    sparse: np.ndarray
+    labels: np.ndarray
+
+
+class CriteoDays:
+    """An opened, checked preprocessed directory."""
+
+    def __init__(self, path: str | Path, verify_checksums: bool = False) -> None:
+        self.path = Path(path)
+        manifest_path = self.path / MANIFEST
+        if not manifest_path.is_file():
+            raise CriteoDataError(
+                f"{self.path}: no {MANIFEST}; not the complete output of `dlrm-vrgd preprocess` "
+                "(an interrupted run leaves none)"
+            )
+        try:
+            self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
+        except json.JSONDecodeError as err:
+            raise CriteoDataError(f"{manifest_path}: not valid JSON: {err}") from None
+        m = self.manifest
+        if m.get("format") != MANIFEST_FORMAT or m.get("version") != MANIFEST_VERSION:
+            raise CriteoDataError(
+                f"{manifest_path}: format {m.get('format')!r} version {m.get('version')!r}; "
+                f"expected {MANIFEST_FORMAT!r} version {MANIFEST_VERSION}"
+            )
+        self.cardinalities: list[int] = [int(c) for c in m["sparse"]["cardinalities"]]
+        self.days: list[Day] = [self._open_day(rec, verify_checksums) for rec in m["days"]]
+
+    def _open_day(self, rec: dict[str, Any], verify: bool) -> Day:
+        maps = {}
+        for kind in KINDS:
+            spec = rec["files"][kind]
+            path = self.path / spec["file"]
+            if not path.is_file():
+                raise CriteoDataError(f"{path}: missing (listed in {MANIFEST})")
+            size = path.stat().st_size
+            if size != spec["bytes"]:
+                raise CriteoDataError(
+                    f"{path}: {size:,} bytes, the manifest says {spec['bytes']:,} (truncated or "
+                    "replaced?)"
+                )
+            try:
+                arr = np.load(path, mmap_mode="r")
+            except ValueError as err:
+                raise CriteoDataError(f"{path}: not a valid npy file: {err}") from None
+            if list(arr.shape) != spec["shape"] or arr.dtype.str != spec["dtype"]:
+                raise CriteoDataError(
+                    f"{path}: {arr.dtype.str} {list(arr.shape)}, the manifest says "
+                    f"{spec['dtype']} {spec['shape']}"
+                )
+            if verify and sha256_file(path) != spec["sha256"]:
+                raise CriteoDataError(f"{path}: SHA-256 differs from the manifest (altered?)")
+            maps[kind] = arr
+        return Day(
+            index=int(rec["day"]),
+            rows=int(rec["rows"]),
+            labeled=bool(rec["labeled"]),
+            dense=maps["dense"],
+            sparse=maps["sparse"],
+            labels=maps["labels"],
+        )
+
+
+class CriteoSource:
+    """Rows of several day ranges, concatenated, as a :class:`~dlrm_vrgd.data.rows.RowSource`.
+
+    ``segments``: ``(day, start, stop)`` row ranges; ``caps``: 26 read-time table caps or None.
+    """
+
+    num_dense = NUM_INT
+
+    def __init__(
+        self,
+        days: list[Day],
+        segments: list[tuple[int, int, int]],
+        cardinalities: list[int],
+        block_rows: int,
+        caps: np.ndarray | None = None,
+        name: str = "criteo",
+    ) -> None:
+        self.days = {d.index: d for d in days}
+        self.segments = [s for s in segments if s[2] > s[1]]
+        self.cardinalities = list(cardinalities)
+        self.block_rows = block_rows
+        self.caps = caps
+        self.name = name
+        sizes = [stop - start for _, start, stop in self.segments]
+        self._offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        self.num_rows = int(self._offsets[-1])
+
+    def read(self, start: int, stop: int) -> Rows:
+        """Rows ``[start, stop)``: dense (n x 13 float32), sparse (n x 26 int64), labels (n
+        float32); copies of the slices of the days the range touches."""
+        if not 0 <= start <= stop <= self.num_rows:
+            raise IndexError(f"rows [{start}, {stop}) outside the {self.name} split")
+        n = stop - start
+        dense = np.empty((n, NUM_INT), dtype=np.float32)
+        sparse = np.empty((n, NUM_CAT), dtype=np.int64)
+        labels = np.empty(n, dtype=np.float32)
+        i = int(np.searchsorted(self._offsets, start, side="right")) - 1
+        pos = start
+        while pos < stop:
+            day_index, day_start, _ = self.segments[i]
+            day = self.days[day_index]
+            a = day_start + pos - int(self._offsets[i])
+            take = min(stop, int(self._offsets[i + 1])) - pos
+            o = pos - start
+            dense[o : o + take] = day.dense[a : a + take]
+            sparse[o : o + take] = day.sparse[a : a + take]
+            labels[o : o + take] = day.labels[a : a + take, 0]
+            pos += take
+            i += 1
+        if self.caps is not None:
+            np.remainder(sparse, self.caps, out=sparse)
+        return Rows(dense=dense, sparse=sparse, labels=labels)
+
+
+# ---------------------------------------------------------------------------------- splits
+def _check_days(days: list[int], by_index: dict[int, Day], field_name: str, path: Path) -> None:
+    for d in days:
+        if d not in by_index:
+            raise CriteoDataError(
+                f"data.{field_name}: day {d} is not in {path} (days {sorted(by_index)})"
+            )
+        if not by_index[d].labeled:
+            raise CriteoDataError(
+                f"data.{field_name}: day {d} has no labels (e.g. Kaggle test.txt); it cannot be "
+                "used for training or evaluation"
+            )
+
+
+def read_caps(cfg: CriteoData) -> np.ndarray | None:
+    cap = cfg.max_rows_per_table
+    if cap is None:
+        return None
+    values = [cap] * NUM_SPARSE if isinstance(cap, int) else list(cap)
+    return np.asarray(values, dtype=np.int64)
+
+
+def criteo_splits(cfg: CriteoData) -> DataSplits:
+    """The train / val / test sources of a preprocessed directory (module docstring)."""
+    store = CriteoDays(cfg.path, verify_checksums=cfg.verify_checksums)
+    by_index = {d.index: d for d in store.days}
+    labeled = [d.index for d in store.days if d.labeled]
+    if not labeled:
+        raise CriteoDataError(f"{cfg.path}: no labeled day")
+    last = labeled[-1]
+    train_days = cfg.train_days if cfg.train_days is not None else labeled[:-1]
+    val_days = cfg.val_days if cfg.val_days is not None else [last]
+    test_days = cfg.test_days if cfg.test_days is not None else [last]
+    chosen = {"train_days": train_days, "val_days": val_days, "test_days": test_days}
+    for name, days in chosen.items():
+        _check_days(days, by_index, name, cfg.path)
+    if not train_days:
+        raise CriteoDataError(
+            f"data.train_days: {cfg.path} has a single labeled day; set train_days / val_days / "
+            "test_days, or preprocess with --rows-per-day to cut the input into several days"
+        )
+    for name, days in (("val_days", val_days), ("test_days", test_days)):
+        if set(days) & set(train_days):
+            both = sorted(set(days) & set(train_days))
+            raise CriteoDataError(f"data.{name}: days {both} are also train days")
+
+    caps = read_caps(cfg)
+    cards = list(store.cardinalities)
+    if caps is not None:
+        cards = [min(int(c), int(k)) for c, k in zip(cards, caps, strict=True)]
+    big = [(j, c) for j, c in enumerate(cards) if c > MAX_TABLE_ROWS]
+    if big:
+        j, c = big[0]
+        raise CriteoDataError(
+            f"{cfg.path}: table C{j + 1} would have {c:,} rows (ids were not capped when "
+            "preprocessing); set data.max_rows_per_table, e.g. 10000000"
+        )
+
+    def segments(days: list[int]) -> list[tuple[int, int, int]]:
+        return [(d, 0, by_index[d].rows) for d in days]
+
+    val_segs, test_segs = segments(val_days), segments(test_days)
+    if set(val_days) == set(test_days):
+        val_segs, test_segs = [], []
+        for d in val_days:
+            n = by_index[d].rows
+            cut = int(n * cfg.val_fraction)
+            val_segs.append((d, 0, cut))
+            test_segs.append((d, cut, n))
+    elif set(val_days) & set(test_days):
+        raise CriteoDataError("data.test_days: overlaps val_days without being the same days")
+
+    def source(segs: list[tuple[int, int, int]], limit: int | None, name: str) -> CriteoSource:
+        if limit is not None:
+            kept, left = [], limit
+            for d, a, b in segs:
+                take = min(b - a, left)
+                kept.append((d, a, a + take))
+                left -= take
+            segs = kept
+        src = CriteoSource(store.days, segs, cards, cfg.shuffle_block_rows, caps, name)
+        if src.num_rows == 0:
+            raise CriteoDataError(f"data: the {name} split of {cfg.path} is empty")
+        return src
+
+    splits = DataSplits(
+        train=source(segments(train_days), None, "train"),
+        val=source(val_segs, cfg.max_val_rows, "val"),
+        test=source(test_segs, cfg.max_test_rows, "test"),
+    )
+    logger.info(
+        "criteo %s: train days %s (%d rows), val %d rows, test %d rows",
+        cfg.path,
+        train_days,
+        splits.train.num_rows,
+        splits.val.num_rows,
+        splits.test.num_rows,
+    )
+    return splits
