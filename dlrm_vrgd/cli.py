@@ -220,11 +220,28 @@ def _train_rank(cfg: TrainConfig, args: argparse.Namespace) -> int:
     return run()
 
 
+#: Commands that live in the control service, as ``"module:function"``. The trainer package
+#: never imports the service (tests/test_layering.py): each is imported by name only when run,
+#: so ``dlrm-vrgd train`` works where the service is not installed.
+SERVICE_COMMANDS = {
+    "demo": "service.demo:run_demo",
+    "serve": "service.cli:serve_main",
+    "jobs": "service.jobs_cli:main",
+}
+
+
+def run_service_command(command: str, *args: Any, **kwargs: Any) -> int:
+    """Import the function registered for ``command`` (:data:`SERVICE_COMMANDS`) and call it."""
+    import importlib
+
+    module, _, name = SERVICE_COMMANDS[command].partition(":")
+    return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The demo job through the control service (see service/demo.py)."""
-    from service.demo import run_demo
-
-    return run_demo(
+    return run_service_command(
+        "demo",
         REPO / "configs" / "demo.yaml",
         args.set,
         Path(args.data_dir or REPO / "runs" / "service"),
@@ -236,17 +253,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """The control service under uvicorn (see service/cli.py)."""
-    from service.cli import serve_main
-
-    return serve_main(args.host, args.port, args.data_dir, args.max_jobs, args.job_timeout)
+    return run_service_command(
+        "serve", args.host, args.port, args.data_dir, args.max_jobs, args.job_timeout
+    )
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    """Jobs of a running service (service/jobs_cli.py), imported by name only when called:
-    the trainer package does not depend on the service."""
-    import importlib
-
-    return importlib.import_module("service.jobs_cli").main(args.jobs_args)
+    """Jobs of a running service (service/jobs_cli.py)."""
+    return run_service_command("jobs", args.jobs_args)
 
 
 def cmd_study_report(args: argparse.Namespace) -> int:
