@@ -18,11 +18,12 @@ records its exit status in ``jobs/<id>/exit.json``: how a re-attached job ended 
 Ending it signals the whole group: SIGTERM, then SIGKILL after ``cancel_grace_s``; a job is
 only reported ended once no process of its group is left.
 
-Restart recovery (:meth:`JobLifecycle.recover`, at the runner's ``start``): a ``running`` job whose process still runs (same pid *and* same
-start time) is re-attached and followed as before; one whose process is gone is finished from
-its run directory — succeeded if it wrote result.json, else failed with the reason; queued jobs
-simply start. Running jobs are left running when the service stops (unless
-``cancel_on_shutdown``), to be re-attached by the next start.
+Restart recovery (:meth:`JobLifecycle.recover`, at the runner's ``start``): a ``running`` job
+whose process still runs (same pid *and* same start time) is re-attached and followed as
+before; one whose process is gone is finished from its run directory — succeeded if it wrote
+result.json, else failed with the reason; queued jobs simply start. Running jobs are left
+running when the service stops (unless ``cancel_on_shutdown``), to be re-attached by the next
+start.
 
 Backends (``service/jobs/backends/``, ``DLRM_VRGD_BACKEND``): what starts, observes and stops
 a job's processes. The above is the ``local`` backend. With ``slurm``, every queued job is
@@ -39,7 +40,8 @@ Retries (``service/jobs/retry.py``): an attempt that failed for the infrastructu
 one while ``max_retries`` allow: the same command (train: always ``--resume``) in the same run
 directory, at once, on the same GPUs (local) or as a new Slurm job; the job stays ``running``
 and each attempt is a record on it (``attempts``) and a state event. A resumed run rewrites its
-metrics files up to its checkpoint; :func:`service.jobs.ingest.ingest_job` reconciles the stored records with them.
+metrics files up to its checkpoint; :func:`service.jobs.ingest.ingest_job` reconciles the
+stored records with them.
 """
 
 from __future__ import annotations
