@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 from common import print_table
 
-from dlrm_vrgd.data.criteo_format import format_criteo_text
-from dlrm_vrgd.data.criteo_preprocess import preprocess
+from dlrm_vrgd.data.criteo.format import format_criteo_text
+from dlrm_vrgd.data.criteo.preprocess import preprocess
 
 TARGET = 300_000
 

@@ -32,9 +32,9 @@ from common import print_table
 from preprocess import generate
 
 from dlrm_vrgd.config import parse_config
-from dlrm_vrgd.data.criteo import CriteoDays, CriteoSource
-from dlrm_vrgd.data.criteo_format import format_criteo_text
-from dlrm_vrgd.data.criteo_preprocess import preprocess
+from dlrm_vrgd.data.criteo.format import format_criteo_text
+from dlrm_vrgd.data.criteo.preprocess import preprocess
+from dlrm_vrgd.data.criteo.source import CriteoDays, CriteoSource
 from dlrm_vrgd.serve.export import export_model
 from dlrm_vrgd.serve.score import score
 from dlrm_vrgd.train.loop import Trainer

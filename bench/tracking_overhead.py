@@ -28,10 +28,10 @@ import torch
 from common import REPO, print_table, threads
 
 from dlrm_vrgd.config import load_config
+from dlrm_vrgd.rundir import RunDirSink
 from dlrm_vrgd.tracking import scalars
 from dlrm_vrgd.tracking.tensorboard_sink import EventFile, TensorBoardSink
 from dlrm_vrgd.train.loop import Trainer
-from dlrm_vrgd.train.rundir import RunDirSink
 
 
 def main() -> None:

@@ -220,11 +220,28 @@ def _train_rank(cfg: TrainConfig, args: argparse.Namespace) -> int:
     return run()
 
 
+#: Commands that live in the control service, as ``"module:function"``. The trainer package
+#: never imports the service (tests/test_layering.py): each is imported by name only when run,
+#: so ``dlrm-vrgd train`` works where the service is not installed.
+SERVICE_COMMANDS = {
+    "demo": "service.demo:run_demo",
+    "serve": "service.cli:serve_main",
+    "jobs": "service.jobs_cli:main",
+}
+
+
+def run_service_command(command: str, *args: Any, **kwargs: Any) -> int:
+    """Import the function registered for ``command`` (:data:`SERVICE_COMMANDS`) and call it."""
+    import importlib
+
+    module, _, name = SERVICE_COMMANDS[command].partition(":")
+    return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The demo job through the control service (see service/demo.py)."""
-    from service.demo import run_demo
-
-    return run_demo(
+    return run_service_command(
+        "demo",
         REPO / "configs" / "demo.yaml",
         args.set,
         Path(args.data_dir or REPO / "runs" / "service"),
@@ -236,17 +253,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """The control service under uvicorn (see service/cli.py)."""
-    from service.cli import serve_main
-
-    return serve_main(args.host, args.port, args.data_dir, args.max_jobs, args.job_timeout)
+    return run_service_command(
+        "serve", args.host, args.port, args.data_dir, args.max_jobs, args.job_timeout
+    )
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    """Jobs of a running service (service/jobs_cli.py), imported by name only when called:
-    the trainer package does not depend on the service."""
-    import importlib
-
-    return importlib.import_module("service.jobs_cli").main(args.jobs_args)
+    """Jobs of a running service (service/jobs_cli.py)."""
+    return run_service_command("jobs", args.jobs_args)
 
 
 def cmd_study_report(args: argparse.Namespace) -> int:
@@ -321,7 +335,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
-    from dlrm_vrgd.data.criteo_preprocess import preprocess, summary_lines
+    from dlrm_vrgd.data.criteo.preprocess import preprocess, summary_lines
 
     result = preprocess(
         args.input,
@@ -346,7 +360,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     step = args.step
     if args.best:
-        from dlrm_vrgd.train.checkpoint import BEST, CheckpointError, best_checkpoint
+        from dlrm_vrgd.checkpoint import BEST, CheckpointError, best_checkpoint
 
         if step is not None:
             print("error: --best and --step name two checkpoints: pass one", file=sys.stderr)
@@ -425,8 +439,8 @@ def _export_to_mlflow(cfg: Any, run_id: str, model_dir: Path, name: str | None) 
 def cmd_score(args: argparse.Namespace) -> int:
     import time
 
+    from dlrm_vrgd import rundir
     from dlrm_vrgd.serve.score import score, summary_lines
-    from dlrm_vrgd.train import rundir
     from dlrm_vrgd.train.malloc import set_mmap_threshold
 
     # blocks and their parsed arrays are MiBs each: from mmap, so freeing one returns it and the
@@ -749,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except RuntimeError as err:
-        from dlrm_vrgd.train.checkpoint import CheckpointError
+        from dlrm_vrgd.checkpoint import CheckpointError
         from dlrm_vrgd.train.loop import NonFiniteError
 
         if not isinstance(err, NonFiniteError | CheckpointError):

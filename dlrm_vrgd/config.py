@@ -136,7 +136,7 @@ class SyntheticData(_Section):
 
 class CriteoData(_Section):
     """Preprocessed Criteo day files in torchrec's npy layout (``dlrm-vrgd preprocess``); see
-    :mod:`dlrm_vrgd.data.criteo`. Days default to: train = every labeled day but the last,
+    :mod:`dlrm_vrgd.data.criteo.source`. Days default to: train = every labeled day but the last,
     val and test = the last labeled day, divided at ``val_fraction`` (torchrec's convention).
     Training rows are shuffled by blocks of ``shuffle_block_rows`` with ``run.seed``."""
 

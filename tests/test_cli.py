@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dlrm_vrgd.train.rundir import read_jsonl
+from dlrm_vrgd.rundir import read_jsonl
 
 from .conftest import tiny_config_dict
 
@@ -179,3 +179,27 @@ def test_ctrl_c_leaves_an_interrupted_resumable_run(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((out / "result.json").read_text())["steps"] >= 4
     assert not (out / "status.json").exists()
+
+
+def test_service_commands_resolve_and_run_in_a_real_process() -> None:
+    """``serve``, ``demo`` and ``jobs`` are registered by name (the trainer package imports no
+    service module): every name resolves to a function of the service, and ``dlrm-vrgd jobs``
+    reaches the service's own parser through the dispatcher."""
+    import importlib
+    import inspect
+
+    from dlrm_vrgd.cli import SERVICE_COMMANDS
+
+    assert set(SERVICE_COMMANDS) == {"serve", "demo", "jobs"}
+    for command, target in SERVICE_COMMANDS.items():
+        module, _, name = target.partition(":")
+        assert module.startswith("service."), command
+        assert inspect.isfunction(getattr(importlib.import_module(module), name)), target
+    out = subprocess.run(
+        [sys.executable, "-m", "dlrm_vrgd.cli", "jobs", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "usage: dlrm-vrgd jobs" in out.stdout and "submit" in out.stdout

@@ -32,6 +32,6 @@ def build_splits(cfg: DataConfig) -> DataSplits:
 
         gen = SyntheticCriteo(cfg)
         return DataSplits(gen.source("train"), gen.source("val"), gen.source("test"))
-    from dlrm_vrgd.data.criteo import criteo_splits  # issue: real Criteo data
+    from dlrm_vrgd.data.criteo.source import criteo_splits  # issue: real Criteo data
 
     return criteo_splits(cfg)

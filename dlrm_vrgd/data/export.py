@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from dlrm_vrgd.config import SyntheticData, TrainConfig
 from dlrm_vrgd.data.synthetic import SyntheticCriteo
-from dlrm_vrgd.train.rundir import atomic_write_json
+from dlrm_vrgd.rundir import atomic_write_json
 
 
 def export_split(cfg: TrainConfig, split: str, out: Path) -> list[Path]:

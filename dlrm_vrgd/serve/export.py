@@ -3,7 +3,7 @@
 Reads any checkpoint of a run (one rank or several; tables whole or sharded table-wise or
 column-wise; FBGEMM or torch embedding backend): every rank's file is verified against the
 checkpoint's manifest (size and SHA-256) and the tables are reassembled
-(:func:`~dlrm_vrgd.train.reshard.gather_checkpoint`). The dense parameters are mapped onto
+(:func:`~dlrm_vrgd.checkpoint.reshard.gather_checkpoint`). The dense parameters are mapped onto
 :class:`~dlrm_vrgd.serve.model.ScoringModel` by position (torchrec's DLRM and the torch backend
 register the same layers in the same order; every shape is checked). The directory
 (layout in :mod:`dlrm_vrgd.serve.model`) is written under a hidden name next to ``--out`` and
@@ -26,12 +26,12 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from dlrm_vrgd import checkpoint as ckpt
+from dlrm_vrgd.checkpoint.reshard import FullState, gather_checkpoint
 from dlrm_vrgd.config import parse_config
 from dlrm_vrgd.serve import model as m
 from dlrm_vrgd.serve.features import FeatureError, layout_of_run
 from dlrm_vrgd.serve.featurizer import RawFeaturizer, RawScoringModel
-from dlrm_vrgd.train import checkpoint as ckpt
-from dlrm_vrgd.train.reshard import FullState, gather_checkpoint
 
 logger = logging.getLogger(__name__)
 

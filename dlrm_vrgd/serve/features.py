@@ -1,9 +1,9 @@
 """How a raw Criteo row becomes the model's inputs: the feature layout of an exported model.
 
 The layout is read from the manifest of the preprocessed data the model was trained on
-(``dlrm-vrgd preprocess``, :mod:`dlrm_vrgd.data.criteo_preprocess`) and the run's data config:
+(``dlrm-vrgd preprocess``, :mod:`dlrm_vrgd.data.criteo.preprocess`) and the run's data config:
 
-1. parse the line exactly as ``preprocess`` does (:func:`~dlrm_vrgd.data.criteo_parse.parse_block`):
+1. parse the line exactly as ``preprocess`` does (:func:`~dlrm_vrgd.data.criteo.parse.parse_block`):
    dense ``log(max(x, floor) - floor + 2)``, categorical hex ``v`` -> ``v % cap`` with the
    preprocessing's table caps (``max_rows_per_table``);
 2. with a frequency threshold, ids kept by preprocessing map to ``1 + rank`` among the kept ids
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from dlrm_vrgd.config import CriteoData, TrainConfig
-from dlrm_vrgd.data.criteo_output import MANIFEST as DATA_MANIFEST
-from dlrm_vrgd.data.criteo_parse import DEFAULT_DENSE_FLOOR, ParseOptions
+from dlrm_vrgd.data.criteo.output import MANIFEST as DATA_MANIFEST
+from dlrm_vrgd.data.criteo.parse import DEFAULT_DENSE_FLOOR, ParseOptions
 
 logger = logging.getLogger(__name__)
 

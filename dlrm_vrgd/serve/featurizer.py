@@ -27,7 +27,7 @@ from torch import nn
 
 from dlrm_vrgd.serve.features import FeatureError, FeatureLayout
 
-#: The clip that keeps ``x - floor`` from wrapping (as :mod:`dlrm_vrgd.data.criteo_parse`).
+#: The clip that keeps ``x - floor`` from wrapping (as :mod:`dlrm_vrgd.data.criteo.parse`).
 DENSE_MAX = 1 << 62
 
 

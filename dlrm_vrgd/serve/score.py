@@ -3,7 +3,7 @@
 Inputs, in the order given (a directory holding a preprocessed ``manifest.json`` is a set of
 day files; any other directory stands for its files in natural order):
 
-* raw Criteo text exactly as ``preprocess`` reads it (:mod:`dlrm_vrgd.data.criteo_format`): TSV
+* raw Criteo text exactly as ``preprocess`` reads it (:mod:`dlrm_vrgd.data.criteo.format`): TSV
   or CSV, labelled (40 fields) or not (39: Kaggle ``test.txt``), Kaggle CSV with a header and an
   ``Id`` column, plain or gzip, LF or CRLF. The same parser (:func:`parse_block`) and the same
   bad-row rules: the first malformed row stops the run with ``FILE:LINE: reason``, or with
@@ -45,7 +45,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import torch
 
-from dlrm_vrgd.data.criteo_format import (
+from dlrm_vrgd.data.criteo.format import (
     BlockReader,
     CriteoFormatError,
     Format,
@@ -57,12 +57,12 @@ from dlrm_vrgd.data.criteo_format import (
     expand_inputs,
     open_input,
 )
-from dlrm_vrgd.data.criteo_output import MANIFEST as DATA_MANIFEST
-from dlrm_vrgd.data.criteo_output import MANIFEST_FORMAT as DATA_FORMAT
-from dlrm_vrgd.data.criteo_parse import ParsedBlock, ParseOptions, parse_block
+from dlrm_vrgd.data.criteo.output import MANIFEST as DATA_MANIFEST
+from dlrm_vrgd.data.criteo.output import MANIFEST_FORMAT as DATA_FORMAT
+from dlrm_vrgd.data.criteo.parse import ParsedBlock, ParseOptions, parse_block
+from dlrm_vrgd.rundir import atomic_write_json
 from dlrm_vrgd.serve import model as m
 from dlrm_vrgd.serve.features import FeatureError, FeatureMapper
-from dlrm_vrgd.train.rundir import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class _Output:
 class _Raw:
     path: Path
     layout: Layout
-    root: Path | None = None  # inputs are confined to it (see criteo_format.open_input)
+    root: Path | None = None  # inputs are confined to it (see data.criteo.format.open_input)
 
 
 @dataclass
@@ -244,7 +244,7 @@ def resolve_inputs(
 ) -> list[_Raw | _Days]:
     """Every input with its layout (raw) or manifest (days), in order. With ``root``, every
     file is checked to lie inside it (real path, no links), here and again when it is opened
-    (:func:`~dlrm_vrgd.data.criteo_format.open_input`)."""
+    (:func:`~dlrm_vrgd.data.criteo.format.open_input`)."""
     out: list[_Raw | _Days] = []
     for p in map(Path, paths):
         check_in_root(p, root)
@@ -566,7 +566,7 @@ def _score_raw(
 
 def _iter_days(src: _Days, mapper: FeatureMapper) -> Iterator[tuple[str, Any, int, int]]:
     """``(name, day, start, stop)`` of each row range of ``src`` to score."""
-    from dlrm_vrgd.data.criteo import CriteoDataError, CriteoDays
+    from dlrm_vrgd.data.criteo.source import CriteoDataError, CriteoDays
 
     try:
         store = CriteoDays(src.path)
@@ -580,7 +580,7 @@ def _iter_days(src: _Days, mapper: FeatureMapper) -> Iterator[tuple[str, Any, in
 
 def _days_of(src: _Days) -> dict[int, int]:
     """Day index -> rows of a preprocessed directory (its manifest, checked)."""
-    from dlrm_vrgd.data.criteo import CriteoDataError, CriteoDays
+    from dlrm_vrgd.data.criteo.source import CriteoDataError, CriteoDays
 
     try:
         return {d.index: d.rows for d in CriteoDays(src.path).days}
@@ -590,9 +590,9 @@ def _days_of(src: _Days) -> dict[int, int]:
 
 def _model_splits(src: _Days, config: dict[str, Any]) -> Any:
     """The train / val / test sources of ``src`` as the model's training config cuts its
-    days (:func:`dlrm_vrgd.data.criteo.criteo_splits`)."""
+    days (:func:`dlrm_vrgd.data.criteo.source.criteo_splits`)."""
     from dlrm_vrgd.config import ConfigError, parse_config
-    from dlrm_vrgd.data.criteo import CriteoDataError, criteo_splits
+    from dlrm_vrgd.data.criteo.source import CriteoDataError, criteo_splits
 
     try:
         data = parse_config(config, "the model's config.json").data

@@ -6,8 +6,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from dlrm_vrgd.rundir import read_jsonl
 from dlrm_vrgd.study.config import StudyConfig
-from dlrm_vrgd.train.rundir import read_jsonl
 
 
 def _series(summary: list[dict[str, Any]]) -> list[tuple[str, Any]]:

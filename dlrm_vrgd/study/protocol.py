@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlrm_vrgd.rundir import RESULT
 from dlrm_vrgd.study.config import Cell, StudyConfig
-from dlrm_vrgd.train.rundir import RESULT
 
 Group = tuple[int, str, "int | None"]  # (global batch, optimizer, k)
 

@@ -12,11 +12,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from dlrm_vrgd.rundir import RESULT, atomic_write_bytes, atomic_write_json, read_jsonl
 from dlrm_vrgd.study.config import Cell, StudyConfig, StudyOptimizer
 from dlrm_vrgd.study.protocol import Plan, finished_val_aucs
 from dlrm_vrgd.study.protocol import plan as plan_cells
 from dlrm_vrgd.study.stats import clopper_pearson, fisher_exact, paired
-from dlrm_vrgd.train.rundir import RESULT, atomic_write_bytes, atomic_write_json, read_jsonl
 
 #: Digits of each summary figure in results.md (results.json holds the same, rounded alike).
 DIGITS = {

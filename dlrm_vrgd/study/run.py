@@ -44,16 +44,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from dlrm_vrgd.config import ConfigError, MlflowConfig, TrainConfig
-from dlrm_vrgd.study.config import Cell, StudyConfig
-from dlrm_vrgd.study.protocol import Plan, finished_val_aucs
-from dlrm_vrgd.study.report import write_report
-from dlrm_vrgd.train.rundir import (
+from dlrm_vrgd.rundir import (
     CONFIG,
     RESULT,
     JsonlWriter,
     atomic_write_bytes,
     atomic_write_json,
 )
+from dlrm_vrgd.study.config import Cell, StudyConfig
+from dlrm_vrgd.study.protocol import Plan, finished_val_aucs
+from dlrm_vrgd.study.report import write_report
 
 logger = logging.getLogger(__name__)
 

@@ -49,6 +49,6 @@ def trackers(cfg: TrainConfig, out: Path, resumed: bool) -> list[Sink]:
 
 def run_sinks(cfg: TrainConfig, out: Path, resumed: bool) -> Sinks:
     """The run directory's writer and the trackers, as one sink."""
-    from dlrm_vrgd.train.rundir import RunDirSink
+    from dlrm_vrgd.rundir import RunDirSink
 
     return Sinks([RunDirSink(Path(out))], trackers(cfg, out, resumed))

@@ -242,7 +242,7 @@ STUDY_ARTIFACTS = ("results.json", "results.csv", "results.md", "study.json")
 def study_parent_run(cfg: MlflowConfig, study_dir: Path, study: dict[str, Any]) -> str | None:
     """The study's parent MLflow run (created once; its id kept in ``STUDY/mlflow.json`` so a
     resumed study adds to it); None, logged once, when the server cannot be reached."""
-    from dlrm_vrgd.train.rundir import atomic_write_json
+    from dlrm_vrgd.rundir import atomic_write_json
 
     saved = study_dir / STUDY_RUN
     if saved.exists():

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dlrm_vrgd import rundir
 from dlrm_vrgd.tracking import scalars as sc
 from dlrm_vrgd.tracking.sink import Sink, Worker
-from dlrm_vrgd.train import rundir
 
 logger = logging.getLogger(__name__)
 

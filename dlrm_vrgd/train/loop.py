@@ -6,7 +6,7 @@ gradient *group*); after the last one, ``step()`` on both applies the update of 
 batch once. Only one micro-batch is alive at a time, so memory is set by ``B``, not ``G``.
 
 ``train(cfg, out_dir, callbacks)`` runs a job end to end and writes the run directory
-(:mod:`dlrm_vrgd.train.rundir`); :class:`Trainer` holds the pieces for tests and benchmarks.
+(:mod:`dlrm_vrgd.rundir`); :class:`Trainer` holds the pieces for tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dlrm_vrgd import checkpoint as ckpt
+from dlrm_vrgd import rundir
 from dlrm_vrgd.advice import advise
 from dlrm_vrgd.config import TrainConfig
 from dlrm_vrgd.data import DataSplits, RowSource, build_splits
@@ -36,8 +38,7 @@ from dlrm_vrgd.optim.sparse import CowClip, SparseRowwiseOptimizer
 from dlrm_vrgd.optim.vrgd import GroupGSNROptimizer
 from dlrm_vrgd.tracking import Sinks, run_sinks
 from dlrm_vrgd.tracking.sink import stamped
-from dlrm_vrgd.train import checkpoint as ckpt
-from dlrm_vrgd.train import rundir, stop
+from dlrm_vrgd.train import stop
 from dlrm_vrgd.train.distributed import (
     DistEnv,
     all_mean,
@@ -522,11 +523,11 @@ def needs_reshard(manifest: dict[str, Any], cfg: TrainConfig) -> bool:
 
 def load_checkpoint(trainer: Trainer, latest: Path) -> None:
     """Load checkpoint ``latest`` into ``trainer``, resharding it when it was written by
-    another number of ranks or sharding (:mod:`dlrm_vrgd.train.reshard`)."""
+    another number of ranks or sharding (:mod:`dlrm_vrgd.checkpoint.reshard`)."""
     if not needs_reshard(ckpt.read_manifest(latest), trainer.cfg):
         trainer.load_state_dict(ckpt.load_rank_state(latest, trainer.env.rank))
         return
-    from dlrm_vrgd.train.reshard import gather_checkpoint, rank_state
+    from dlrm_vrgd.checkpoint.reshard import gather_checkpoint, rank_state
 
     full = gather_checkpoint(latest)
     with_ema = bool(trainer.sparse_opt.gsnr and trainer.sparse_opt.estimator == "ema")

@@ -4,7 +4,7 @@
 DATA_DIR/jobs/<id>/
   config.yaml   the submitted config, resolved (what the trainer is started with)
   train.log     the trainer's stdout and stderr
-  run/          the run directory (dlrm_vrgd.train.rundir): metrics.jsonl, gsnr.jsonl,
+  run/          the run directory (dlrm_vrgd.rundir): metrics.jsonl, gsnr.jsonl,
                 checkpoints/, result.json; model/ (train jobs: the exported model);
                 predictions.csv|parquet (score jobs)
 ```

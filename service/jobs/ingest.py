@@ -1,6 +1,7 @@
-"""Tail a run directory's JSON-lines files and summarize them into a job's progress.
+"""Ingestion: tail a run directory's JSON-lines files into the store (:func:`ingest_job`) and
+summarize them into a job's progress.
 
-The trainer appends whole lines (``dlrm_vrgd.train.rundir``); a reader may still catch the file
+The trainer appends whole lines (``dlrm_vrgd.rundir``); a reader may still catch the file
 between two writes of a multi-write line on some filesystems, so only bytes up to the last
 newline are consumed and the offset advances exactly over them.
 """
@@ -11,7 +12,13 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from service.jobs.models import utcnow
+
+if TYPE_CHECKING:
+    from service.jobs.files import JobFiles
+    from service.jobs.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -166,3 +173,58 @@ def update_progress(
     if total and step is not None:
         p["fraction"] = min(1.0, step / total)
     return p
+
+
+def ingest_job(store: Store, job_id: str, files: JobFiles) -> int:
+    """Tail the job's metrics.jsonl and gsnr.jsonl into the store.
+
+    A file rewritten since the last look (a new inode, or shorter: a resumed attempt keeps
+    only the records up to its checkpoint) is reconciled record by record: the records
+    the attempts share stay (same ``seq``), those after the resume point go, the new
+    attempt's follow. The series thus continue across attempts with no step twice."""
+    job = store.get_job(job_id)
+    if job is None:
+        return 0
+    reads = {}
+    changed = 0
+    for stream, path, offset, inode in (
+        ("metrics", files.metrics, job.metrics_offset, job.metrics_inode),
+        ("gsnr", files.gsnr, job.gsnr_offset, job.gsnr_inode),
+    ):
+        now_inode = file_inode(path)
+        got = read_new_records(path, offset)
+        replaced = inode is not None and now_inode is not None and now_inode != inode
+        if got is None or replaced:
+            records, end = read_all_records(path)
+            gone, added = store.reconcile_stream(job_id, stream, records, end, now_inode)
+            logger.info(
+                "job %s: %s was rewritten (a resumed run): %d record(s) dropped, %d added",
+                job_id,
+                path.name,
+                gone,
+                added,
+            )
+            changed += gone + added
+            if stream == "metrics":
+                progress = update_progress(
+                    {k: v for k, v in job.progress.items() if k == "total_steps"},
+                    records,
+                    [],
+                )
+                progress["updated_at"] = utcnow().isoformat()
+                store.update_job(job_id, progress=progress)
+            job = store.get_job(job_id) or job
+            got = ([], end)
+            now_inode = file_inode(path) if now_inode is None else now_inode
+        reads[stream] = (*got, now_inode)
+    (metrics, m_off, m_ino), (gsnr, g_off, g_ino) = reads["metrics"], reads["gsnr"]
+    same_inodes = (m_ino, g_ino) == (job.metrics_inode, job.gsnr_inode)
+    if not metrics and not gsnr and (m_off, g_off) == (job.metrics_offset, job.gsnr_offset):
+        if not same_inodes:
+            store.update_job(job_id, metrics_inode=m_ino, gsnr_inode=g_ino)
+        return changed
+    progress = update_progress(job.progress, metrics, gsnr)
+    progress["updated_at"] = utcnow().isoformat()
+    return changed + store.ingest(
+        job_id, metrics, m_off, gsnr, g_off, progress, inodes=(m_ino, g_ino)
+    )

@@ -10,7 +10,7 @@ retried either: retrying a deterministic failure only fails again later.
 
 A retried train job runs the same command with ``--resume`` in the same run directory (the
 command always carries it, so any rerun is idempotent): the trainer resumes from its newest
-checkpoint that verifies (:func:`dlrm_vrgd.train.checkpoint.newest_verified`) and keeps the
+checkpoint that verifies (:func:`dlrm_vrgd.checkpoint.newest_verified`) and keeps the
 records up to it; a study skips its finished cells.
 """
 
@@ -112,7 +112,7 @@ def _own_failure(files: JobFiles, log_lines: list[str]) -> bool:
 def resume_step(run_dir: Path) -> int:
     """The step the next attempt resumes from: that of the newest checkpoint that verifies
     (what the trainer's ``--resume`` picks), 0 when there is none."""
-    from dlrm_vrgd.train import checkpoint as ckpt  # imports torch: only when retrying
+    from dlrm_vrgd import checkpoint as ckpt  # imports torch: only when retrying
 
     try:
         latest, _ = ckpt.newest_verified(run_dir)

@@ -17,8 +17,8 @@ import torch
 
 from dlrm_vrgd.config import parse_config
 from dlrm_vrgd.data.batch import Batch
-from dlrm_vrgd.data.criteo_format import MalformedRowError, format_criteo_text
-from dlrm_vrgd.data.criteo_preprocess import preprocess
+from dlrm_vrgd.data.criteo.format import MalformedRowError, format_criteo_text
+from dlrm_vrgd.data.criteo.preprocess import preprocess
 from dlrm_vrgd.data.rows import Rows
 from dlrm_vrgd.metrics import binary_metrics
 from dlrm_vrgd.serve.export import export_model
@@ -27,7 +27,7 @@ from dlrm_vrgd.serve.score import StreamingMetrics, score
 from dlrm_vrgd.train.loop import Trainer
 
 from ..conftest import tiny_config_dict
-from ..data.test_criteo import expected, make_rows
+from ..data.criteo.test_criteo import expected, make_rows
 
 CAP = 50
 

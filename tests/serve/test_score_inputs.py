@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlrm_vrgd.data.criteo_format import format_criteo_text
+from dlrm_vrgd.data.criteo.format import format_criteo_text
 
-from ..data.test_criteo import make_rows
+from ..data.criteo.test_criteo import make_rows
 from .test_score import Trained
 
 SECRET = b"SECRET-0123456789\tTOKEN-abcdef"

@@ -13,7 +13,7 @@ import pytest
 
 from service.client import ServiceClient
 from service.jobs.backends import process
-from service.jobs.runner import JOB_ENV
+from service.jobs.backends.local import JOB_ENV
 from service.launcher import LocalService
 
 from ..conftest import tiny_config_dict

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from service.jobs.backends import process
-from service.jobs.runner import JOB_ENV
+from service.jobs.backends.local import JOB_ENV
 from service.main import DataDirLock
 
 TINY = [

@@ -15,15 +15,15 @@ import pytest
 import torch
 
 from dlrm_vrgd.data.batch import Batch
-from dlrm_vrgd.data.criteo_format import format_criteo_text
-from dlrm_vrgd.data.criteo_preprocess import preprocess
+from dlrm_vrgd.data.criteo.format import format_criteo_text
+from dlrm_vrgd.data.criteo.preprocess import preprocess
 from dlrm_vrgd.data.rows import Rows
 from dlrm_vrgd.serve.model import load_model
 from service.client import ApiError, ServiceClient
 from service.launcher import LocalService
 
 from ..conftest import tiny_config_dict
-from ..data.test_criteo import expected, make_rows
+from ..data.criteo.test_criteo import expected, make_rows
 
 
 def test_train_job_model_artifact_and_a_score_job(

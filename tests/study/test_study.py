@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from dlrm_vrgd.config import ConfigError
+from dlrm_vrgd.rundir import read_jsonl
 from dlrm_vrgd.study import StudyConfig, run_study
 from dlrm_vrgd.study.report import summarize
 from dlrm_vrgd.train.loop import Trainer
-from dlrm_vrgd.train.rundir import read_jsonl
 
 TINY = {
     "name": "tiny",

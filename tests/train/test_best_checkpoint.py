@@ -12,9 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from dlrm_vrgd.train import checkpoint as ckpt
+from dlrm_vrgd import checkpoint as ckpt
+from dlrm_vrgd.rundir import read_jsonl
 from dlrm_vrgd.train.loop import Callback, train
-from dlrm_vrgd.train.rundir import read_jsonl
 
 from ..conftest import tiny_config, tiny_config_dict
 

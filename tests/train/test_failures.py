@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlrm_vrgd.train import checkpoint as ckpt
-from dlrm_vrgd.train.rundir import read_jsonl
+from dlrm_vrgd import checkpoint as ckpt
+from dlrm_vrgd.rundir import read_jsonl
 
 from ..conftest import tiny_config_dict
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlrm_vrgd.train.rundir import read_jsonl
+from dlrm_vrgd.rundir import read_jsonl
 
 from ..conftest import tiny_config_dict
 from ..dist_utils import rank_pids

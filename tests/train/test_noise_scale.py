@@ -15,8 +15,8 @@ import torch
 
 from dlrm_vrgd.advice import advise_records, quantile
 from dlrm_vrgd.optim.noise_scale import SINGLE_GROUP_REASON
+from dlrm_vrgd.rundir import read_jsonl
 from dlrm_vrgd.train.loop import Trainer, train
-from dlrm_vrgd.train.rundir import read_jsonl
 
 from ..conftest import tiny_config
 
@@ -170,7 +170,7 @@ def test_advice_skips_malformed_lines() -> None:
 def test_resume_continues_the_noise_scale_ema(tmp_path: Path) -> None:
     """The EMAs are checkpointed: a run crashed at step 3 and resumed from step 2 writes the
     noise-scale records of the uninterrupted run."""
-    from .test_checkpoint import CrashAt
+    from ..checkpoint.test_checkpoint import CrashAt
 
     cfg = tiny_config("run.steps=4", "run.checkpoint_every=2", "run.tensorboard=false", **SGD)
     train(cfg, tmp_path / "whole")

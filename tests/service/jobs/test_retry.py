@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrm_vrgd.train import checkpoint as ckpt
+from dlrm_vrgd import checkpoint as ckpt
 from service.jobs.files import JobFiles
 from service.jobs.retry import infrastructure_cause, resume_step
 
@@ -99,7 +99,7 @@ def test_a_retry_resumes_from_the_newest_checkpoint_that_verifies(files: JobFile
 
 def test_the_backend_state_line_says_queued_held_running_or_requeued() -> None:
     from service.jobs.backends.base import ENDED, PENDING, RUNNING, AppStatus
-    from service.jobs.runner import backend_line
+    from service.jobs.lifecycle import backend_line
 
     assert backend_line(AppStatus(PENDING, detail="Resources")) == "queued: Resources"
     assert backend_line(AppStatus(PENDING, detail="PartitionNodeLimit")) == (

@@ -20,10 +20,10 @@ from service.errors import IllegalTransition
 from service.jobs.backends import process
 from service.jobs.backends.base import ENDED, AppStatus, Handle
 from service.jobs.backends.base import RUNNING as BACKEND_RUNNING
-from service.jobs.backends.local import LocalBackend
+from service.jobs.backends.local import JOB_ENV, LocalBackend
 from service.jobs.files import JobFiles
 from service.jobs.notifier import Notifier
-from service.jobs.runner import JOB_ENV, Runner
+from service.jobs.runner import Runner
 from service.jobs.states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL
 from service.jobs.store import Job, Store
 from service.settings import Settings

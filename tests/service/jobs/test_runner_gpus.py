@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 
 from service.jobs.backends import process
+from service.jobs.backends.local import JOB_ENV
 from service.jobs.files import JobFiles
 from service.jobs.gpus import GPU_ENV
 from service.jobs.notifier import Notifier
-from service.jobs.runner import JOB_ENV, Runner
+from service.jobs.runner import Runner
 from service.jobs.states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL
 from service.jobs.store import Job, Store
 from service.settings import Settings

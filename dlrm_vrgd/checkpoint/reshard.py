@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
+from dlrm_vrgd import checkpoint as ckpt
 from dlrm_vrgd.embedding.capture import LookupLayout
-from dlrm_vrgd.train import checkpoint as ckpt
 
 _LABEL = re.compile(r"^(?P<name>[^\[]+)\[rows (\d+)\+(\d+), cols (\d+)\+(\d+)\]$")
 

@@ -1,125 +1,31 @@
-"""Atomic, verified checkpoints.
-
-A checkpoint is a directory ``checkpoints/step_XXXXXXXX/`` holding one ``rank{r}.pt`` per rank
-and a ``manifest.json`` (step, world size, config, and the size and SHA-256 of every file).
-It is assembled under a temporary name and renamed into place only when complete, so a
-checkpoint directory either exists whole or not at all; loading re-checks sizes and hashes, so
-a file truncated or altered afterwards is reported (:class:`CheckpointError`), never loaded.
-A resume takes the newest checkpoint that verifies (:func:`newest_verified`): a damaged one
-(manifest of any shape, missing or altered file) is skipped with the reason.
-"""
+"""Reading a checkpoint: find it (newest that verifies, or the best), check its manifest and
+every file's size and SHA-256, and load a rank's state as tensors only."""
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import json
 import os
 import re
-import shutil
 import stat
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dlrm_vrgd.train.rundir import CHECKPOINTS, atomic_write_bytes, atomic_write_json
+from dlrm_vrgd.checkpoint.layout import (
+    BEST,
+    MANIFEST,
+    CheckpointError,
+    list_checkpoints,
+    step_name,
+)
+from dlrm_vrgd.rundir.layout import CHECKPOINTS
 
-MANIFEST = "manifest.json"
-#: ``checkpoints/best.json``: ``{"step", "val_auc", "checkpoint"}`` of the best-validation
-#: checkpoint, which pruning keeps beside the newest ones.
-BEST = "best.json"
 _MAX_WORLD = 1 << 16
 _MAX_MANIFEST_BYTES = 16 << 20
 _STATE_KEYS = {"step", "world_size", "dense", "tables", "dense_opt", "sparse_opt", "rng", "config"}
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, incomplete or corrupt."""
-
-
-def _name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def staging_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / CHECKPOINTS / f".staging_{_name(step)}"
-
-
-def write_rank_state(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> None:
-    """Write one rank's state into the staging directory of ``step``."""
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    try:
-        atomic_write_bytes(staging_dir(run_dir, step) / f"rank{rank}.pt", buf.getvalue())
-    except OSError:  # a full disk: no half-written checkpoint stays behind
-        shutil.rmtree(staging_dir(run_dir, step), ignore_errors=True)
-        raise
-
-
-def remove_stale_staging(run_dir: Path) -> list[Path]:
-    """Remove the ``.staging_step_*`` directories an interrupted or failed save left (a run
-    starting or resuming calls this before it trains); the paths removed."""
-    root = Path(run_dir) / CHECKPOINTS
-    stale = sorted(root.glob(".staging_step_*")) if root.is_dir() else []
-    for path in stale:
-        shutil.rmtree(path, ignore_errors=True)
-    return stale
-
-
-def publish(
-    run_dir: Path,
-    step: int,
-    world_size: int,
-    config: dict[str, Any],
-    keep: int,
-    best: dict[str, Any] | None = None,
-) -> Path:
-    """Seal the staging directory of ``step`` (all ranks written) and rename it into place.
-
-    Older checkpoints beyond the newest ``keep`` are removed afterwards, except the one of
-    ``best`` (``{"step", "auc"}``: the best validation so far) when it was checkpointed; that
-    one is named in ``checkpoints/best.json``.
-    """
-    stage = staging_dir(run_dir, step)
-    files = {}
-    for r in range(world_size):
-        path = stage / f"rank{r}.pt"
-        if not path.exists():
-            raise CheckpointError(f"{path}: rank {r} did not write its state")
-        files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-    try:
-        atomic_write_json(
-            stage / MANIFEST,
-            {"step": step, "world_size": world_size, "files": files, "config": config},
-        )
-    except OSError:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    final = Path(run_dir) / CHECKPOINTS / _name(step)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(stage, final)
-    kept = None
-    if best is not None and (final.parent / _name(int(best["step"]))).is_dir():
-        kept = _name(int(best["step"]))
-        atomic_write_json(
-            final.parent / BEST,
-            {"step": int(best["step"]), "val_auc": best["auc"], "checkpoint": kept},
-        )
-    prunable = [p for p in list_checkpoints(run_dir) if p.name != kept]
-    for old in prunable[: max(len(prunable) - keep, 0)]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def best_checkpoint(run_dir: Path) -> Path:
@@ -138,23 +44,10 @@ def best_checkpoint(run_dir: Path) -> Path:
     step = record.get("step") if isinstance(record, dict) else None
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"{path}: 'step' must be a non-negative integer")
-    ckpt = path.parent / _name(step)
+    ckpt = path.parent / step_name(step)
     if not ckpt.is_dir() or ckpt.is_symlink():
         raise CheckpointError(f"{path}: names step {step}, whose checkpoint is gone")
     return ckpt
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Published checkpoint directories, oldest first."""
-    root = Path(run_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.name.startswith("step_") and p.is_dir())
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = list_checkpoints(run_dir)
-    return found[-1] if found else None
 
 
 def read_manifest(ckpt: Path) -> dict[str, Any]:

@@ -4,7 +4,7 @@ import json
 import math
 from pathlib import Path
 
-from dlrm_vrgd.train.rundir import (
+from dlrm_vrgd.rundir import (
     JsonlWriter,
     atomic_write_json,
     read_jsonl,

@@ -1,19 +1,10 @@
-"""The run directory (DESIGN.md 5): what a run writes, written so no reader sees a torn file.
+"""How a run-directory file is written so that no reader sees a torn one.
 
-```
-OUT/
-  config.json      the resolved TrainConfig (atomic)
-  metrics.jsonl    one JSON object per line: step records and eval records (append-only)
-  gsnr.jsonl       per-step GSNR summaries per tensor / table (append-only)
-  checkpoints/     step_XXXXXXXX/ directories, each complete or absent (see checkpoint.py)
-  result.json      final metrics, config, versions, timings (atomic; present = run finished)
-  status.json      written (atomically) when a run ends with an error: state, step, error
-```
-
-``metrics.jsonl`` starts with a ``kind: start`` record (total_steps, start_step, batch layout).
-
-Append-only files are written one whole line per ``write(2)`` call; readers must ignore a last
-line without its newline (:func:`read_jsonl` does).
+Whole files (``config.json``, ``result.json``, ``status.json``, a checkpoint manifest) are
+written to a temporary file in the same directory and renamed into place
+(:func:`atomic_write_json`). Append-only files (``metrics.jsonl``, ``gsnr.jsonl``) are written
+one whole line per ``write(2)`` call (:class:`JsonlWriter`); readers must ignore a last line
+without its newline (:func:`read_jsonl` does).
 """
 
 from __future__ import annotations
@@ -24,13 +15,6 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
-
-CONFIG = "config.json"
-METRICS = "metrics.jsonl"
-GSNR = "gsnr.jsonl"
-RESULT = "result.json"
-STATUS = "status.json"
-CHECKPOINTS = "checkpoints"
 
 
 def _clean(value: Any) -> Any:
@@ -135,36 +119,3 @@ def drop_evals_at(path: Path, step: int) -> None:
     kept = [r for r in records if not (r.get("kind") == "eval" and int(r.get("step", 0)) == step)]
     if len(kept) != len(records):
         atomic_write_bytes(path, "".join(dumps(r) + "\n" for r in kept).encode())
-
-
-class RunDirSink:
-    """The run directory as a :class:`dlrm_vrgd.tracking.Sink`: ``metrics.jsonl`` (the start
-    record, step and eval records) and ``gsnr.jsonl``. ``result.json`` is written by the loop."""
-
-    name = "run directory"
-
-    def __init__(self, out: Path) -> None:
-        self._metrics = JsonlWriter(Path(out) / METRICS)
-        self._gsnr = JsonlWriter(Path(out) / GSNR)
-
-    def start(self, record: dict[str, Any]) -> None:
-        self._metrics.write(record)
-
-    def metrics(self, record: dict[str, Any]) -> None:
-        self._metrics.write(record)
-
-    def gsnr(self, record: dict[str, Any]) -> None:
-        self._gsnr.write(record)
-
-    def model(self, model_dir: Path) -> None:
-        pass  # the loop exports the model itself
-
-    def result_fields(self) -> dict[str, Any]:
-        return {}
-
-    def finish(self, result: dict[str, Any]) -> None:
-        pass
-
-    def close(self) -> None:
-        self._metrics.close()
-        self._gsnr.close()

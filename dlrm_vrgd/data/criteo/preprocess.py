@@ -2,7 +2,7 @@
 
 ```
 OUT/
-  day_{i}_dense.npy    N x 13 float32   log(max(x, floor) - floor + 2), missing = 0 (criteo_parse)
+  day_{i}_dense.npy    N x 13 float32   log(max(x, floor) - floor + 2), missing = 0 (criteo.parse)
   day_{i}_sparse.npy   N x 26 int64     categorical ids, hashed / capped / compacted (below)
   day_{i}_labels.npy   N x 1  int32     0 / 1 (-1 for unlabeled inputs such as Kaggle test.txt)
   manifest.json        inputs, options, days (rows, shapes, SHA-256 of every file), cardinalities
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from dlrm_vrgd.data.criteo_format import (
+from dlrm_vrgd.data.criteo.format import (
     NUM_CAT,
     NUM_INT,
     BlockReader,
@@ -55,8 +55,8 @@ from dlrm_vrgd.data.criteo_format import (
     detect_layout,
     expand_inputs,
 )
-from dlrm_vrgd.data.criteo_frequency import FrequencyCounts, remap_day
-from dlrm_vrgd.data.criteo_output import (
+from dlrm_vrgd.data.criteo.frequency import FrequencyCounts, remap_day
+from dlrm_vrgd.data.criteo.output import (
     KINDS,
     MANIFEST,
     MANIFEST_FORMAT,
@@ -67,14 +67,14 @@ from dlrm_vrgd.data.criteo_output import (
     publish,
     sha256_file,
 )
-from dlrm_vrgd.data.criteo_parse import (
+from dlrm_vrgd.data.criteo.parse import (
     DEFAULT_DENSE_FLOOR,
     ParsedBlock,
     ParseOptions,
     parse_block,
     parse_caps,
 )
-from dlrm_vrgd.train.rundir import atomic_write_json
+from dlrm_vrgd.rundir import atomic_write_json
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The exact path of block parsing: which rows of a block hold a value outside the accepted
-syntax (see :mod:`dlrm_vrgd.data.criteo_parse`), and why.
+syntax (see :mod:`dlrm_vrgd.data.criteo.parse`), and why.
 
 Runs only for blocks where the fast path failed. The block is re-read with every column as
 text; hex ids are checked with a regex; integers with a regex of what pyarrow's CSV reader
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from dlrm_vrgd.data.criteo_format import CAT_NAMES, Layout, fast_types, read_table
+from dlrm_vrgd.data.criteo.format import CAT_NAMES, Layout, fast_types, read_table
 
 _INT_SYNTAX = rb"^ *-?(?:[0-9]+|0[xX][0-9a-fA-F]+) *$"
 _HEX_SYNTAX = rb"^[0-9a-fA-F]{1,16}$"

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm_vrgd.config import parse_config
-from dlrm_vrgd.train.loop import Trainer, load_checkpoint
-from dlrm_vrgd.train.reshard import (
+from dlrm_vrgd.checkpoint.reshard import (
     ColumnSegment,
     FullTable,
     Shard,
     gather_checkpoint,
     shard_scalars,
 )
+from dlrm_vrgd.config import parse_config
+from dlrm_vrgd.train.loop import Trainer, load_checkpoint
 
-from .test_distributed import assert_same_model, cli, losses, train, write_config
+from ..train.test_distributed import assert_same_model, cli, losses, train, write_config
 
 EMA = ("optim.sparse.estimator=ema",)
 

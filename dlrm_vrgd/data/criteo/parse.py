@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from dlrm_vrgd.data.criteo_format import (
+from dlrm_vrgd.data.criteo.format import (
     CAT_NAMES,
     INT_NAMES,
     MAX_LINE_BYTES,
@@ -47,7 +47,7 @@ from dlrm_vrgd.data.criteo_format import (
     fast_types,
     read_table,
 )
-from dlrm_vrgd.data.criteo_validate import bad_values, conversion_error
+from dlrm_vrgd.data.criteo.validate import bad_values, conversion_error
 
 DEFAULT_DENSE_FLOOR = -3
 _DENSE_MAX = 1 << 62

@@ -19,14 +19,14 @@ import pytest
 from dlrm_vrgd.config import CriteoData
 from dlrm_vrgd.data import build_splits
 from dlrm_vrgd.data.batch import TrainStream
-from dlrm_vrgd.data.criteo import CriteoDataError, CriteoDays
-from dlrm_vrgd.data.criteo_format import (
+from dlrm_vrgd.data.criteo.format import (
     CriteoFormatError,
     MalformedRowError,
     format_criteo_text,
 )
-from dlrm_vrgd.data.criteo_parse import ParseOptions, decode_hex
-from dlrm_vrgd.data.criteo_preprocess import MANIFEST, preprocess
+from dlrm_vrgd.data.criteo.parse import ParseOptions, decode_hex
+from dlrm_vrgd.data.criteo.preprocess import MANIFEST, preprocess
+from dlrm_vrgd.data.criteo.source import CriteoDataError, CriteoDays
 
 CAPS = 1000
 
@@ -323,8 +323,8 @@ def test_hex_ids_of_any_length_up_to_16_digits() -> None:
 
 
 def test_pad_short_lines_leaves_blank_and_full_lines_alone() -> None:
-    from dlrm_vrgd.data.criteo_format import Layout
-    from dlrm_vrgd.data.criteo_parse import pad_short_lines
+    from dlrm_vrgd.data.criteo.format import Layout
+    from dlrm_vrgd.data.criteo.parse import pad_short_lines
 
     layout = Layout("x", ",", has_header=False, has_id=False, labeled=True, gzip=False)
     full = ",".join(ROW)
@@ -432,11 +432,11 @@ def test_unlabeled_file_with_a_labeled_row_is_malformed(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ atomic output, reuse
 def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dlrm_vrgd.data import criteo_preprocess
+    from dlrm_vrgd.data.criteo import preprocess as preprocess_module
 
     (tmp_path / "in").write_text("\n".join([line(ROW)] * 400) + "\n")
     calls = 0
-    real = criteo_preprocess.parse_block
+    real = preprocess_module.parse_block
 
     def interrupted(*args, **kwargs):
         nonlocal calls
@@ -445,7 +445,7 @@ def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monk
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(criteo_preprocess, "parse_block", interrupted)
+    monkeypatch.setattr(preprocess_module, "parse_block", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run([tmp_path / "in"], tmp_path / "out", block_bytes=2000)
     assert leftovers(tmp_path, {"in"}) == []
@@ -576,17 +576,17 @@ def test_split_config_errors_name_the_field(tmp_path: Path) -> None:
 
 def test_staging_dir_sits_next_to_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """While running, the only thing next to OUT is the hidden staging directory."""
-    from dlrm_vrgd.data import criteo_output
+    from dlrm_vrgd.data.criteo import output
 
     seen: list[list[str]] = []
-    real = criteo_output.publish
+    real = output.publish
 
     def spy(staging: Path, out: Path) -> None:
         seen.append(sorted(os.listdir(staging)))
         assert not out.exists()
         real(staging, out)
 
-    monkeypatch.setattr("dlrm_vrgd.data.criteo_preprocess.publish", spy)
+    monkeypatch.setattr("dlrm_vrgd.data.criteo.preprocess.publish", spy)
     (tmp_path / "in").write_text(line(ROW) + "\n")
     run([tmp_path / "in"], tmp_path / "out")
     assert seen == [sorted([MANIFEST] + [f"day_0_{k}.npy" for k in ("dense", "labels", "sparse")])]

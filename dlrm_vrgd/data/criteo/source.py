@@ -1,6 +1,6 @@
 """Preprocessed Criteo day files as training input: memory-mapped, any row range in O(range).
 
-``dlrm-vrgd preprocess`` (:mod:`dlrm_vrgd.data.criteo_preprocess`) writes ``day_{i}_dense.npy``
+``dlrm-vrgd preprocess`` (:mod:`dlrm_vrgd.data.criteo.preprocess`) writes ``day_{i}_dense.npy``
 (N x 13 float32, transformed), ``day_{i}_sparse.npy`` (N x 26 int64 ids) and
 ``day_{i}_labels.npy`` (N x 1 int32) plus ``manifest.json``. A directory without the manifest,
 or whose files differ from it in size, shape or dtype (or in SHA-256, with
@@ -32,8 +32,8 @@ import numpy as np
 
 from dlrm_vrgd.config import NUM_SPARSE, CriteoData
 from dlrm_vrgd.data import DataSplits
-from dlrm_vrgd.data.criteo_format import NUM_CAT, NUM_INT
-from dlrm_vrgd.data.criteo_output import (
+from dlrm_vrgd.data.criteo.format import NUM_CAT, NUM_INT
+from dlrm_vrgd.data.criteo.output import (
     KINDS,
     MANIFEST,
     MANIFEST_FORMAT,

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dlrm_vrgd.data.criteo_format import format_criteo_text
-from dlrm_vrgd.train.rundir import read_jsonl
+from dlrm_vrgd.data.criteo.format import format_criteo_text
+from dlrm_vrgd.rundir import read_jsonl
 
-from ..conftest import tiny_config_dict
+from ...conftest import tiny_config_dict
 from .test_criteo import ROW, expected, line, make_rows
 
 

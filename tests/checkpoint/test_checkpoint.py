@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dlrm_vrgd.train import checkpoint as ckpt
+from dlrm_vrgd import checkpoint as ckpt
+from dlrm_vrgd.rundir import read_jsonl
 from dlrm_vrgd.train.loop import Callback, train
-from dlrm_vrgd.train.rundir import read_jsonl
 
 from ..conftest import tiny_config
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from dlrm_vrgd.data.criteo_format import NUM_CAT, NUM_INT
-from dlrm_vrgd.data.criteo_parse import ParsedBlock
+from dlrm_vrgd.data.criteo.format import NUM_CAT, NUM_INT
+from dlrm_vrgd.data.criteo.parse import ParsedBlock
 
 logger = logging.getLogger(__name__)
 
