@@ -39,7 +39,7 @@ bench: setup
 # of the nav, fails it). The configuration reference must match the config schema first.
 docs: setup
 	$(BIN)/python docs/gen_config_reference.py --check
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # Rewrite the generated part of docs/configuration.md from dlrm_vrgd/config.py.
 config-reference: setup
