@@ -49,9 +49,9 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     proc = mkdocs_build(ROOT, tmp_path / "site")
     assert proc.returncode == 0, proc.stderr
     built = tmp_path / "site"
-    for name in ("getting-started", "configuration", "service", "benchmarks", "study"):
-        assert (built / name / "index.html").is_file(), name
-    reference = (built / "configuration" / "index.html").read_text()
+    for name in ("getting-started", "configuration", "service", "benchmarks", "study/index"):
+        assert (built / f"{name}.html").is_file(), name
+    reference = (built / "configuration.html").read_text()
     assert "global_batch" in reference and "gsnr_placement" in reference
     assert not list(built.rglob("metrics.jsonl"))  # a study's raw records are not published
 
