@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 PIN    := -c requirements/constraints.txt
 
-.PHONY: setup demo test test-slow test-docker bench docs config-reference lint format clean
+.PHONY: setup demo test test-slow test-docker bench docs reference lint format clean
 
 setup: $(STAMP)
 
@@ -36,14 +36,18 @@ bench: setup
 	$(BIN)/python bench/run_all.py
 
 # The documentation site, built strictly into site/ (a broken link or anchor, or a page left out
-# of the nav, fails it). The configuration reference must match the config schema first.
+# of the nav, fails it). The generated references must match the config schema and the
+# service's routes first.
 docs: setup
 	$(BIN)/python docs/gen_config_reference.py --check
+	$(BIN)/python docs/gen_api_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-# Rewrite the generated part of docs/configuration.md from dlrm_vrgd/config.py.
-config-reference: setup
+# Rewrite the generated parts of docs/configuration.md (from dlrm_vrgd/config.py) and
+# docs/api.md (from the service's OpenAPI schema).
+reference: setup
 	$(BIN)/python docs/gen_config_reference.py
+	$(BIN)/python docs/gen_api_reference.py
 
 lint: setup
 	$(BIN)/ruff check dlrm_vrgd service tests bench docs

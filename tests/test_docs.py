@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,10 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location(
-        "gen_config_reference", DOCS / "gen_config_reference.py"
-    )
+def _generator(name: str):
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
@@ -30,7 +29,8 @@ def _generator():
     return module
 
 
-gen = _generator()
+gen = _generator("gen_config_reference")
+api_gen = _generator("gen_api_reference")
 
 
 def mkdocs_build(project: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -84,7 +84,7 @@ def test_the_configuration_page_is_the_schema_s() -> None:
     """The committed page equals what the generator makes of today's schema (`make
     config-reference` rewrites it), and `--check` says so."""
     page = (DOCS / "configuration.md").read_text()
-    assert gen.splice(page, gen.render()) == page, "run `make config-reference`"
+    assert gen.splice(page, gen.render()) == page, "run `make reference`"
     assert gen.main(["--check"]) == 0
 
 
@@ -149,3 +149,47 @@ def test_a_field_s_row_reads_as_its_declaration(
     rows = {f"{sec.path}.{f.name}": f for sec in gen.sections() for f in sec.fields}
     row = rows[path]
     assert (row.type, row.default, row.constraints) == (type_, default, constraints)
+
+
+# ------------------------------------------------------------------------------ the HTTP API
+@pytest.fixture(scope="module")
+def api_page() -> str:
+    return (DOCS / "api.md").read_text()
+
+
+def test_the_api_page_is_the_openapi_schema_s(api_page: str) -> None:
+    assert api_gen.splice(api_page, api_gen.render()) == api_page, "run `make reference`"
+
+
+def test_every_route_of_the_service_is_on_the_api_page(api_page: str) -> None:
+    """Walked here from each route module's router (service/api/routes/), not from the schema
+    the generator reads."""
+    import importlib
+    import pkgutil
+
+    from fastapi import APIRouter
+    from fastapi.routing import APIRoute
+
+    import service.api.routes as package
+    from service.main import API_PREFIX
+
+    routes = []
+    for info in pkgutil.iter_modules(package.__path__):
+        router = getattr(importlib.import_module(f"{package.__name__}.{info.name}"), "router", None)
+        if isinstance(router, APIRouter):
+            routes += [
+                (method, API_PREFIX + re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path))
+                for route in router.routes
+                if isinstance(route, APIRoute) and route.include_in_schema
+                for method in route.methods
+            ]
+    assert ("POST", "/api/v1/jobs") in routes and len(routes) >= 15
+    for method, path in routes:  # a converter ({path:path}) is not part of the documented path
+        assert f"### `{method} {path}`" in api_page, (method, path)
+    api_gen.openapi()  # the schema is built without starting anything
+    health = api_page.split("### `GET /api/v1/health`", 1)[1].split("###", 1)[0]
+    assert "No token needed." in health
+    jobs = api_page.split("### `GET /api/v1/jobs`", 1)[1].split("###", 1)[0]
+    assert "No token needed." not in jobs and "`401`" in jobs
+    # service/api/routes/jobs.py: limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    assert "| `limit` | query | int | `100` | ≥ 1, ≤ 1,000 |" in jobs
