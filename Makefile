@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 PIN    := -c requirements/constraints.txt
 
-.PHONY: setup demo test test-slow test-docker bench lint format clean
+.PHONY: setup demo test test-slow test-docker bench docs reference lint format clean
 
 setup: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml requirements/cpu-stack.txt requirements/torchrec.txt re
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(PIN) -r requirements/cpu-stack.txt
 	$(PIP) install -q $(PIN) --no-deps -r requirements/torchrec.txt
-	$(PIP) install -q --no-warn-conflicts $(PIN) -e ".[dev]"
+	$(PIP) install -q --no-warn-conflicts $(PIN) -e ".[dev,docs]"
 	$(BIN)/python -c "import fbgemm_gpu, torchrec, dlrm_vrgd" 2>/dev/null
 	touch $(STAMP)
 
@@ -35,13 +35,27 @@ test-slow: setup
 bench: setup
 	$(BIN)/python bench/run_all.py
 
+# The documentation site, built strictly into site/ (a broken link or anchor, or a page left out
+# of the nav, fails it). The generated references must match the config schema and the
+# service's routes first.
+docs: setup
+	$(BIN)/python docs/gen_config_reference.py --check
+	$(BIN)/python docs/gen_api_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# Rewrite the generated parts of docs/configuration.md (from dlrm_vrgd/config.py) and
+# docs/api.md (from the service's OpenAPI schema).
+reference: setup
+	$(BIN)/python docs/gen_config_reference.py
+	$(BIN)/python docs/gen_api_reference.py
+
 lint: setup
-	$(BIN)/ruff check dlrm_vrgd service tests bench
-	$(BIN)/ruff format --check dlrm_vrgd service tests bench
+	$(BIN)/ruff check dlrm_vrgd service tests bench docs/*.py
+	$(BIN)/ruff format --check dlrm_vrgd service tests bench docs/*.py
 
 format: setup
-	$(BIN)/ruff check --fix dlrm_vrgd service tests bench
-	$(BIN)/ruff format dlrm_vrgd service tests bench
+	$(BIN)/ruff check --fix dlrm_vrgd service tests bench docs/*.py
+	$(BIN)/ruff format dlrm_vrgd service tests bench docs/*.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs site .pytest_cache .ruff_cache

@@ -111,23 +111,38 @@ def field_error(loc: tuple[str | int, ...], message: str, value: Any) -> Validat
 class SyntheticData(_Section):
     """Planted-signal synthetic Criteo (see :mod:`dlrm_vrgd.data.synthetic`)."""
 
+    #: Picks this section: planted-signal synthetic rows.
     source: Literal["synthetic"] = "synthetic"
+    #: Seed of the data and of the hidden teacher (the same seed gives the same rows everywhere).
     seed: Seed = 0
+    #: Rows of the training split.
     train_rows: Rows = 4_000_000
+    #: Rows of the validation split.
     val_rows: Rows = 200_000
+    #: Rows of the test split.
     test_rows: Rows = 200_000
+    #: Dense (count) features per row.
     num_dense: Count(1, MAX_FEATURES) = NUM_DENSE
+    #: Rows of each embedding table, one per categorical feature (default: Kaggle's, capped at
+    #: 100k).
     cardinalities: list[Count(1, MAX_TABLE_ROWS)] = Field(
         default_factory=lambda: [min(c, 100_000) for c in CRITEO_KAGGLE_CARDINALITIES],
         min_length=1,
         max_length=MAX_TABLES,
     )
+    #: Exponent of the Zipf-like law of each table's ids (larger: a few ids dominate).
     zipf_exponent: Real(gt=0.0, le=3.0) = 1.05
+    #: Share of dense values that are missing (stored as 0).
     dense_missing_rate: Fraction = 0.2
+    #: Mean click probability (the teacher's bias is fitted to it).
     click_rate: Real(gt=0.0, lt=1.0) = 0.25
+    #: Embedding width d of the hidden teacher.
     teacher_dim: Count(1, 1024) = 4
+    #: Rank R of the teacher's pairwise (feature-interaction) terms.
     teacher_rank: Count(1, 1024) = 4
+    #: Standard deviation of the teacher's logit: larger means a higher oracle AUC.
     signal_scale: Real(gt=0.0, le=1e3) = 1.6
+    #: Rows generated per block (every block is a pure function of seed, split and index).
     chunk_rows: Count(1, MAX_MICRO_BATCH) = 8192
     #: Keep up to this many MB of generated rows in memory, shared by every run of a process
     #: with the same data (a study trains many cells on the same rows); 0 = none.
@@ -140,24 +155,31 @@ class CriteoData(_Section):
     val and test = the last labeled day, divided at ``val_fraction`` (torchrec's convention).
     Training rows are shuffled by blocks of ``shuffle_block_rows`` with ``run.seed``."""
 
+    #: Picks this section: preprocessed Criteo day files.
     source: Literal["criteo"] = "criteo"
     #: The directory `dlrm-vrgd preprocess --out` wrote (relative paths: from the working dir).
     path: Annotated[Path, Field(json_schema_extra={"maxLength": MAX_PATH_CHARS})]
+    #: Days to train on (None: every labeled day but the last).
     train_days: list[Count(0, MAX_DAYS)] | None = Field(
         default=None, min_length=1, max_length=MAX_DAYS
     )
+    #: Validation days (None: the last labeled day, its first `val_fraction` of rows).
     val_days: list[Count(0, MAX_DAYS)] | None = Field(
         default=None, min_length=1, max_length=MAX_DAYS
     )
+    #: Test days (None: the last labeled day, its rows after `val_fraction`).
     test_days: list[Count(0, MAX_DAYS)] | None = Field(
         default=None, min_length=1, max_length=MAX_DAYS
     )
     #: Where val and test are the same days: the first fraction of their rows is val.
     val_fraction: Real(gt=0.0, lt=1.0) = 0.5
+    #: Keep only the first N validation rows (None: all).
     max_val_rows: Rows | None = 1_000_000
+    #: Keep only the first N test rows (None: all).
     max_test_rows: Rows | None = None
     #: Read-time table cap (one for all tables, or 26): ids become ``id % cap``.
     max_rows_per_table: Count(1, MAX_TABLE_ROWS) | list[Count(1, MAX_TABLE_ROWS)] | None = None
+    #: Training rows are read in blocks of this many rows, visited in a new order each epoch.
     shuffle_block_rows: Count(1, MAX_MICRO_BATCH) = 65_536
     #: Check every file's SHA-256 against the manifest when opening (sizes always are).
     verify_checksums: Flag = False
@@ -200,16 +222,24 @@ DataConfig = Annotated[SyntheticData | CriteoData, Field(discriminator="source")
 
 # ---------------------------------------------------------------------------------- model
 class ModelConfig(_Section):
+    #: torchrec's DLRM (dot interaction) or DLRM_DCN (low-rank cross layers).
     arch: Literal["dlrm", "dlrm_dcn"] = "dlrm"
+    #: Width D of every embedding table.
     embedding_dim: Count(1, MAX_EMBEDDING_DIM) = 16
+    #: Widths of the bottom MLP over the dense features; the last is `embedding_dim`.
     dense_arch: list[Width] = Field(
         default_factory=lambda: [64, 16], min_length=1, max_length=MAX_LAYERS
     )
+    #: Widths of the top MLP over the interactions; the last is 1 (the logit).
     over_arch: list[Width] = Field(
         default_factory=lambda: [64, 32, 1], min_length=1, max_length=MAX_LAYERS
     )
+    #: Cross layers of `dlrm_dcn`.
     dcn_num_layers: Count(1, MAX_LAYERS) = 3
+    #: Rank of each `dlrm_dcn` cross layer.
     dcn_low_rank_dim: Count(1, MAX_WIDTH) = 16
+    #: Tables on FBGEMM's TBE kernels (torchrec), or plain PyTorch (no torchrec, no FBGEMM; one
+    #: process).
     embedding_backend: Literal["fbgemm", "torch"] = "fbgemm"
 
     @model_validator(mode="after")
@@ -243,13 +273,22 @@ class DenseOptimConfig(_Section):
     (DESIGN.md 4.2); ``gamma`` and ``gsnr_beta`` apply to them only, ``trust_coefficient`` to
     (vr)lars. ``lars`` / ``lamb`` are the plain algorithms (VRLARS / VRLAMB with γ = 1)."""
 
+    #: Plain `sgd`, `adam`, `adamw`, `adagrad`, `lars`, `lamb`, or VRGD `vrsgd`, `vradam`,
+    #: `vrlars`, `vrlamb`.
     name: DenseOptimizerName = "adamw"
+    #: Base learning rate of the dense layers (before warm-up, decay and batch scaling).
     lr: Real(gt=0.0, le=1e6) = 1e-3
+    #: Momentum of (vr)sgd and (vr)lars.
     momentum: Fraction = 0.0
+    #: Dampening of the momentum, as `torch.optim.SGD`.
     dampening: Fraction = 0.0
+    #: Nesterov momentum (needs momentum > 0 and dampening 0).
     nesterov: Flag = False
+    #: Weight decay, as each base optimizer applies it; never scaled by the GSNR ratio.
     weight_decay: Real(ge=0.0, le=1e6) = 0.0
+    #: Adam's and LAMB's moment factors (β1, β2).
     betas: tuple[Fraction, Fraction] = (0.9, 0.999)
+    #: Added to the denominator of the adaptive optimizers.
     eps: Real(gt=0.0, le=1.0) = 1e-8
     #: Lower clip of the GSNR ratio: 1 reproduces the base optimizer exactly.
     gamma: Real(gt=0.0, le=1.0) = 0.1
@@ -259,6 +298,7 @@ class DenseOptimConfig(_Section):
     #: moments) or ``update`` (the moments see ``ḡ``; Adam's step is scaled by ``p̂``). vrsgd and
     #: vrlars are linear in ``ḡ``: both values mean the same for them.
     gsnr_placement: Literal["gradient", "update"] = "gradient"
+    #: LARS's trust coefficient η (lars and vrlars).
     trust_coefficient: Real(gt=0.0, le=1e6) = 0.001
 
     @model_validator(mode="after")
@@ -281,12 +321,22 @@ class SparseOptimConfig(_Section):
     ``t_j = clip_ratio·cnt_j·max(‖w_j‖, clip_ratio·zeta·√D)``, ``cnt_j`` the samples holding
     the id (see :mod:`dlrm_vrgd.optim.sparse`, docs/cowclip.md)."""
 
+    #: FBGEMM's `rowwise_adagrad` or `sgd`, their `gsnr_` (row-wise GSNR) or `cowclip_`
+    #: (CowClip) variants.
     name: SparseOptimizerName = "rowwise_adagrad"
+    #: Base learning rate of the embedding tables.
     lr: Real(gt=0.0, le=1e6) = 0.05
+    #: Added to row-wise Adagrad's denominator.
     eps: Real(gt=0.0, le=1.0) = 1e-8
+    #: Lower clip of the rows' GSNR ratio (`gsnr_` names): 1 is the plain optimizer.
     gamma: Real(gt=0.0, le=1.0) = 0.1
+    #: Row-wise GSNR from this step's micro-batches (`step`) or per-row averages across steps
+    #: (`ema`: two floats per table row).
     estimator: Literal["step", "ema"] = "step"
+    #: Averaging factor of the `ema` estimator.
     ema_beta: Fraction = 0.9
+    #: Where the ratio acts: on the row's step (`update`) or on the gradient handed to the
+    #: kernel (`gradient`); see the section's description.
     gsnr_placement: Literal["update", "gradient"] = "update"
     #: CowClip's r: the row's mean-loss gradient is bounded by r x cnt x max(‖w‖, r·ζ·√D).
     clip_ratio: Real(gt=0.0, le=1e30) = 1.0
@@ -323,11 +373,15 @@ class SparseOptimConfig(_Section):
 class ScheduleConfig(_Section):
     """Linear warm-up, then a decay to ``min_lr_factor`` at the last step (DESIGN.md 4.4)."""
 
+    #: Steps of linear warm-up from 0 to the base learning rates.
     warmup_steps: Steps = 0
+    #: Decay after warm-up to `min_lr_factor` × the base LR at the last step.
     decay: Literal["none", "poly", "cosine"] = "none"
+    #: Learning rate at the last step, as a fraction of the base LR.
     min_lr_factor: Real(ge=0.0, le=1.0) = 0.0
     #: Scale both base LRs by the global batch relative to ``reference_batch``.
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    #: The global batch at which `lr_scaling` leaves the base LRs as they are.
     reference_batch: Count(1, MAX_BATCH) = 8192
 
 
@@ -370,6 +424,7 @@ class MlflowConfig(_Section):
     #: without credentials: MLflow reads them from ``MLFLOW_TRACKING_USERNAME`` /
     #: ``MLFLOW_TRACKING_PASSWORD`` or ``MLFLOW_TRACKING_TOKEN`` in the environment.
     tracking_uri: Annotated[str, Field(min_length=1, max_length=2000)]
+    #: MLflow experiment (created if missing).
     experiment: Annotated[str, Field(min_length=1, max_length=500)] = "dlrm-vrgd"
     #: Where a newly created experiment keeps artifacts. None: the server decides; for a
     #: ``sqlite:///PATH`` store, ``PATH``'s folder, beside the database (``runs/mlflow.db`` ->
@@ -394,18 +449,24 @@ class MlflowConfig(_Section):
 
 
 class RunConfig(_Section):
+    #: G: rows per optimizer step, over all ranks (G = world size × A × micro_batch).
     global_batch: Count(1, MAX_BATCH) = 8192
+    #: B: rows per forward/backward pass on one rank; memory is set by it, not by G.
     micro_batch: Count(1, MAX_MICRO_BATCH) = 1024
     #: Training length: ``steps`` or ``epochs`` (fractions allowed), not both; neither = 1 epoch.
     steps: Count(1, MAX_STEPS) | None = None
+    #: Training length in passes over the training rows (fractions allowed); see `steps`.
     epochs: Real(gt=0.0, le=MAX_EPOCHS) | None = None
+    #: Evaluate on the validation rows every N steps (0: only at the end).
     eval_every: Steps = 100
+    #: Rows per forward pass of an evaluation.
     eval_batch: Count(1, MAX_MICRO_BATCH) = 16_384
     #: Rows of the validation split used by periodic evals (None: all of it).
     eval_rows: Rows | None = None
     #: At the end, also score the first N training rows (split "train"; 0 = skip), to show
     #: the train - test gap.
     final_train_eval_rows: Count(0, MAX_ROWS) = 0
+    #: Checkpoint every N steps (0: off). With checkpoints on, the last step always is.
     checkpoint_every: Steps = 0
     #: Also checkpoint when this many seconds passed since the last checkpoint (0 = off): a
     #: long step loses at most this much work to a crash or a lost node.
@@ -420,23 +481,30 @@ class RunConfig(_Section):
     #: needs ``eval_every``). The schedule keeps its planned length; the final evals score the
     #: last weights, and the best ones stay in the best checkpoint.
     early_stop_patience: Count(1, 1_000_000) | None = None
+    #: Write a `kind: train` record to metrics.jsonl every N steps (and at step 1).
     log_every: Count(1, MAX_STEPS) = 1
     #: Write per-tensor / per-table GSNR summaries to gsnr.jsonl every N steps.
     gsnr_every: Count(1, MAX_STEPS) = 1
     #: EMA factor of the gradient noise scale's two estimates (DESIGN.md 4.6), updated every
     #: step: an effective window of (1 + β) / (1 − β) steps (39 at 0.95).
     noise_scale_beta: Real(ge=0.0, lt=1.0) = 0.95
+    #: Seed of the initial weights and of the data order.
     seed: Seed = 0
+    #: Where each rank trains (`cuda`: one GPU per rank).
     device: Literal["cpu", "cuda"] = "cpu"
+    #: CPU threads of each process (None: torch's choice for one process; the cores divided by
+    #: `nproc_per_node` when `train` launches several ranks).
     threads: Count(1, 4096) | None = None
     #: Fix glibc's mmap threshold (KiB) so freed buffers return to the system: resident memory
     #: stops creeping over many micro-batches, steps get slower (see train/malloc.py); 0 = off.
     malloc_mmap_threshold_kb: Count(0, 32 * 1024) = 0
     #: Processes per node, nodes (torchrun); world size W = nnodes x nproc_per_node.
     nproc_per_node: Count(1, 256) = 1
+    #: Hosts of a multi-node job (each runs `nproc_per_node` ranks).
     nnodes: Count(1, 4096) = 1
     #: c10d rendezvous HOST:PORT, required for nnodes > 1 (every node runs the same command).
     rdzv_endpoint: Annotated[str, Field(max_length=300)] | None = None
+    #: torchrun's rendezvous id (a multi-node job needs one of its own).
     rdzv_id: Annotated[str, Field(min_length=1, max_length=200)] = "dlrm-vrgd"
     #: Sharding types the planner may use for the tables (W > 1). row_wise needs a GPU.
     sharding: list[TableSharding] = Field(

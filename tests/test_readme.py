@@ -1,6 +1,11 @@
-"""README.md's commands, as a newcomer pastes them: every fenced shell command of "Run a job"
-runs, in order, in a fresh directory (against a tiny config written here, standing in for
-configs/demo.yaml), and exits 0; every curl command of the README fails on an HTTP error."""
+"""The README and the documentation pages, as a newcomer reads and pastes them.
+
+The README opens with the two commands a newcomer types, stays a front page, and its tour
+(train, watch, export, score) runs from a fresh directory; the commands of docs/ that a
+newcomer pastes first (*Run a job* of docs/getting-started.md) run in order and exit 0; the
+result line they quote has the format the trainer prints; every curl command of the README and
+the docs fails on an HTTP error. Both run against a tiny config written here, standing in for
+configs/demo.yaml. The site itself is built by tests/test_docs.py."""
 
 from __future__ import annotations
 
@@ -18,16 +23,28 @@ import yaml
 from .conftest import tiny_config_dict
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text()
 FENCE = re.compile(r"^```(?:bash|sh|shell|console)\n(.*?)^```", re.M | re.S)
 VENV_BIN = ".venv/bin/"
+MAX_README_LINES = 200
 
 
-def section(title: str) -> str:
+def page(name: str) -> str:
+    """The text of docs/``name``."""
+    return (DOCS / name).read_text()
+
+
+def doc_pages() -> list[Path]:
+    """Every hand-written page of the site (the generated study reports aside)."""
+    return sorted(p for p in DOCS.glob("*.md"))
+
+
+def section(text: str, title: str) -> str:
     """The text of ``## title`` up to the next ``## `` heading."""
-    start = README.index(f"\n## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start : end if end >= 0 else None]
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else None]
 
 
 def commands(text: str) -> list[str]:
@@ -69,10 +86,9 @@ def localised(cmd: str, config: Path) -> str:
     return cmd.replace(VENV_BIN, f"{bin_dir}/").replace("configs/demo.yaml", str(config))
 
 
-def test_run_a_job_commands_run_in_order_from_a_fresh_directory(tmp_path: Path) -> None:
-    cmds = commands(section("Run a job"))
-    # every command uses the demo config, but `advise`, which reads a run the block trained
-    assert len(cmds) >= 5 and all("configs/demo.yaml" in c or " advise " in c for c in cmds)
+def run_in_order(cmds: list[str], tmp_path: Path) -> tuple[Path, list[str]]:
+    """Run ``cmds`` one after another in a fresh directory, each exiting 0; the directory and
+    each command's stdout."""
     config = tmp_path / "tiny.yaml"
     config.write_text(
         yaml.safe_dump(tiny_config_dict(run={"eval_every": 2, "checkpoint_every": 2}))
@@ -97,6 +113,69 @@ def test_run_a_job_commands_run_in_order_from_a_fresh_directory(tmp_path: Path) 
         )
         assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
         outputs.append(proc.stdout)
+    return work, outputs
+
+
+# ------------------------------------------------------------------------------ the README
+def test_the_readme_opens_with_make_demo_and_make_test() -> None:
+    """Before any other text but the title: one shell block, exactly the two commands."""
+    title, rest = README.split("\n", 1)
+    assert title.startswith("# ")
+    first = FENCE.search(rest)
+    assert first and rest[: first.start()].strip() == ""
+    assert [c.split("#")[0].strip() for c in commands(first.group(0))] == ["make demo", "make test"]
+
+
+def test_the_readme_is_a_front_page_whose_links_resolve() -> None:
+    assert len(README.splitlines()) <= MAX_README_LINES
+    headings = re.findall(r"^## (.+)$", README, re.M)
+    assert headings == [
+        "What it is, and why",
+        "A five-minute tour",
+        "The figures that matter",
+        "Where to go next",
+    ]
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+    local = [link for link in links if "://" not in link]
+    assert len(local) >= 20  # every page of the site is reachable from here
+    assert [link for link in local if not (ROOT / link).is_file()] == []
+    # every hand-written page is linked (the study reports through docs/study/README.md)
+    linked = {(ROOT / link).resolve() for link in local}
+    pages = {p.resolve() for p in doc_pages() if p.name != "index.md"}
+    assert sorted(p.name for p in pages - linked) == []
+
+
+def test_the_readme_tour_runs_from_a_fresh_directory(tmp_path: Path) -> None:
+    """Train (with the VRGD optimizers), advise, export, generate and score, in order;
+    `tensorboard` is a server: only its presence in the virtualenv is checked."""
+    cmds = commands(section(README, "A five-minute tour"))
+    servers = [c for c in cmds if c.startswith(f"{VENV_BIN}tensorboard ")]
+    assert len(servers) == 1
+    localised(servers[0], tmp_path / "unused.yaml")  # asserts .venv/bin/tensorboard exists
+    steps = [c for c in cmds if c not in servers]
+    assert [c.split()[1] for c in steps if c.startswith(f"{VENV_BIN}dlrm-vrgd ")] == [
+        "train",
+        "advise",
+        "export",
+        "generate",
+    ]
+    work, outputs = run_in_order(steps, tmp_path)
+    run = work / "runs" / "tour"
+    assert json.loads((run / "result.json").read_text())["steps"] == 4
+    optim = json.loads((run / "config.json").read_text())["optim"]
+    assert (optim["dense"]["name"], optim["sparse"]["name"]) == ("vradam", "gsnr_rowwise_adagrad")
+    assert "B_simple" in outputs[1]
+    assert (work / "models" / "tour" / "manifest.json").is_file()
+    probabilities = json.loads(outputs[-1])
+    assert len(probabilities) == 5 and all(0.0 < p < 1.0 for p in probabilities)
+
+
+# ------------------------------------------------------------------------- the docs' pages
+def test_run_a_job_commands_run_in_order_from_a_fresh_directory(tmp_path: Path) -> None:
+    cmds = commands(section(page("getting-started.md"), "Run a job"))
+    # every command uses the demo config, but `advise`, which reads a run the block trained
+    assert len(cmds) >= 5 and all("configs/demo.yaml" in c or " advise " in c for c in cmds)
+    work, outputs = run_in_order(cmds, tmp_path)
     outs = [Path(o) for c in cmds if " train " in c for o in re.findall(r"--out (\S+)", c)]
     assert len(set(outs)) == 2  # two runs, each in its own directory; the third resumes one
     for out in set(outs):
@@ -110,20 +189,51 @@ def test_run_a_job_commands_run_in_order_from_a_fresh_directory(tmp_path: Path) 
     assert "B_simple" in advice and "global batch G = 256" in advice
 
 
-def test_the_sample_result_line_has_the_demo_output_format() -> None:
-    """The line quoted under "Reading AUC" is in the form the demo prints (service/demo.py's
-    print_result, which `dlrm-vrgd train` shares): AUC, logloss, NE, oracle AUC and its gap,
-    the gap being oracle minus AUC."""
-    block = section("Reading AUC")
-    line = next(x for x in block.splitlines() if x.strip().startswith("test AUC"))
-    m = re.fullmatch(
-        r"  test AUC (0\.\d{4})  logloss (\d\.\d{4})  NE (\d\.\d{4})"
-        r"   oracle AUC (0\.\d{4}) \(gap ([+-]0\.\d{4})\)",
-        line,
-    )
-    assert m, line
-    auc, oracle, gap = float(m[1]), float(m[4]), float(m[5])
-    assert gap == pytest.approx(oracle - auc, abs=1.5e-4)
+@pytest.mark.parametrize("where", ["README.md", "docs/getting-started.md"])
+def test_the_sample_result_line_has_the_demo_output_format(where: str) -> None:
+    """The line quoted (README's tour, "Reading AUC" of getting started) is in the form the
+    demo prints (service/demo.py's print_result, which `dlrm-vrgd train` shares): AUC, logloss,
+    NE, oracle AUC and its gap, the gap being oracle minus AUC."""
+    text = (ROOT / where).read_text()
+    lines = [x for x in text.splitlines() if x.strip().startswith("test AUC")]
+    assert lines
+    for line in lines:
+        m = re.fullmatch(
+            r"  test AUC (0\.\d{4})  logloss (\d\.\d{4})  NE (\d\.\d{4})"
+            r"   oracle AUC (0\.\d{4}) \(gap ([+-]0\.\d{4})\)",
+            line,
+        )
+        assert m, line
+        auc, oracle, gap = float(m[1]), float(m[4]), float(m[5])
+        assert gap == pytest.approx(oracle - auc, abs=1.5e-4)
+
+
+def test_every_dlrm_vrgd_command_of_the_readme_and_the_docs_parses() -> None:
+    """Every `dlrm-vrgd` command line a page shows names a real subcommand with real options
+    (argparse, as the CLI parses them; `jobs` has its own client, which parses on its own)."""
+    from dlrm_vrgd.cli import build_parser
+
+    parser = build_parser()
+    texts = [README] + [p.read_text() for p in doc_pages()]
+    seen = 0
+    for text in texts:
+        for cmd in commands(text):
+            for part in re.split(r"\||&&", cmd):
+                if "dlrm-vrgd" not in part:
+                    continue
+                words = shlex.split(part, comments=True)
+                at = next(i for i, w in enumerate(words + [""]) if not re.match(r"\w+=", w))
+                program = words[at] if at < len(words) else ""
+                if program != "dlrm-vrgd" and not program.endswith("bin/dlrm-vrgd"):
+                    continue  # another program (docker compose -p dlrm-vrgd, cd, git clone)
+                if words[at + 1 : at + 2] == ["jobs"]:
+                    continue
+                try:
+                    parser.parse_args(words[at + 1 :])
+                except SystemExit:
+                    pytest.fail(f"does not parse: {part.strip()}")
+                seen += 1
+    assert seen >= 35
 
 
 def _curl_fails_on_http_errors(cmd: str) -> bool:
@@ -133,12 +243,14 @@ def _curl_fails_on_http_errors(cmd: str) -> bool:
     return any("f" in w for w in short) or bool({"--fail", "--fail-with-body"} & set(flags))
 
 
-def test_every_curl_command_of_the_readme_fails_on_an_http_error() -> None:
+def test_every_curl_command_of_the_readme_and_the_docs_fails_on_an_http_error() -> None:
     """With -f (or --fail-with-body) a 404 exits non-zero; without, `curl -O` saves the JSON
     error under the file's name and exits 0 (tests/service/api/routes/test_artifacts.py)."""
+    texts = [README] + [p.read_text() for p in doc_pages()]
     curls = [
         part.strip()
-        for cmd in commands(README)
+        for text in texts
+        for cmd in commands(text)
         for part in re.split(r"\||\$\(", cmd)
         if re.match(r"\s*curl\s", part)
     ]
