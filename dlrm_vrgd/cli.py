@@ -335,8 +335,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
-    from dlrm_vrgd.data.criteo.preprocess import preprocess, summary_lines
+    from dlrm_vrgd.data.criteo.preprocess import parse_split, preprocess, summary_lines
 
+    split = parse_split(args.split) if args.split is not None else None
     result = preprocess(
         args.input,
         args.out,
@@ -345,6 +346,7 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
         frequency_threshold=args.frequency_threshold,
         skip_bad_rows=args.skip_bad_rows,
         rows_per_day=args.rows_per_day,
+        split=split,
         labels=args.labels,
         dense_floor=args.dense_floor,
         overwrite=args.overwrite,
@@ -481,6 +483,18 @@ def cmd_score(args: argparse.Namespace) -> int:
         input_root=args.input_root,
     )
     if record is not None:
+        # the last progress line carries the metrics of labelled rows, for the dashboard's tiles
+        mm = result.metrics or {}
+        log.write(
+            {
+                "kind": "score",
+                "rows": result.rows,
+                "rows_per_s": result.rows_per_second,
+                "fraction": 1.0,
+                "auc": mm.get("auc"),
+                "logloss": mm.get("logloss"),
+            }
+        )
         rundir.atomic_write_json(
             record / rundir.RESULT,
             {
@@ -631,6 +645,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pp.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows, count them")
     pp.add_argument("--rows-per-day", type=int, metavar="R", help="cut each input into R-row days")
+    pp.add_argument(
+        "--split",
+        metavar="TRAIN,VAL,TEST",
+        help="cut one input into train/val/test days by these fractions (e.g. 0.8,0.1,0.1)",
+    )
     pp.add_argument(
         "--labels",
         choices=["auto", "yes", "no"],

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(
-    "name", ["demo", "synthetic_kaggle", "criteo_kaggle", "criteo_1tb", "batch512k"]
+    "name", ["demo", "synthetic_kaggle", "criteo_kaggle", "criteo_small", "criteo_1tb", "batch512k"]
 )
 def test_shipped_configs_load(name: str) -> None:
     cfg = load_config(REPO / "configs" / f"{name}.yaml")

@@ -439,6 +439,8 @@ def _summary_cell(s: dict[str, Any], key: str) -> str:
     if key == "collapsed":
         lo, hi = s["collapsed_ci"]
         return f"{s['collapsed']}/{s['seeds']} [{lo:.2f}, {hi:.2f}]"
+    if key == "test_auc_sd" and s.get("seeds", 0) < 2:
+        return "–"  # one seed has no spread to report
     return _cell(s[key], key)
 
 

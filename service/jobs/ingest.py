@@ -119,7 +119,11 @@ def update_progress(
     Keys: step, samples, epoch, loss, lr_dense, lr_sparse, rows_per_s, gsnr_ratio,
     gsnr_frac_clipped (dense, element-weighted), table_gsnr_ratio, table_frac_clipped (mean over
     tables), val_auc, val_oracle_auc, best_val_auc, best_val_step, test_auc, test_oracle_auc,
-    eval_step; total_steps and fraction when the total is known.
+    eval_step; total_steps and fraction when the total is known. A study's records are its
+    finished cells: ``best_val_auc`` is then the best validation AUC over them (with that
+    cell's id, ``best_cell``, and its test AUC, ``best_cell_test_auc``), val_auc / test_auc the
+    last cell's. A score job's: rows, rows_per_s, fraction, and at the end (labelled rows) auc
+    and logloss.
     """
     p = dict(progress)
     for rec in metrics:
@@ -133,10 +137,18 @@ def update_progress(
             for key in ("val_auc", "test_auc"):
                 p[f"{key}"] = _num(rec.get(key))
             p["test_oracle_auc"] = _num(rec.get("oracle_auc"))
+            auc = p["val_auc"]
+            if auc is not None and auc > (p.get("best_val_auc") or -1.0):
+                p["best_val_auc"] = auc
+                p["best_cell"] = rec.get("cell") if isinstance(rec.get("cell"), str) else None
+                p["best_cell_test_auc"] = p["test_auc"]
         elif kind == "score":  # a score job: rows done and the fraction of the input read
             p["rows"] = _int(rec.get("rows"))
             p["rows_per_s"] = _num(rec.get("rows_per_s"))
             p["fraction"] = _num(rec.get("fraction"))
+            for key in ("auc", "logloss"):  # labelled rows: on the last record
+                if _num(rec.get(key)) is not None:
+                    p[key] = _num(rec[key])
         elif kind == "train":
             for key in ("step", "samples"):
                 if _int(rec.get(key)) is not None:

@@ -1,5 +1,6 @@
 """Resuming on another number of ranks: a 2-rank checkpoint continues on 1 (and 4) ranks with
-the weights and optimizer state it was saved with, and the run goes on as it would have."""
+the weights and optimizer state it was saved with, and the run goes on as it would have (same
+losses, weights and optimizer state at the end)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,40 @@ def resume_from_step_3(two: Path, tmp: Path, nproc: int) -> Path:
     proc = cli("train", "--config", str(cfg), "--out", str(part), "--resume", "--set", EMA[0])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return part
+
+
+def assert_same_optimizer_state(a: Path, b: Path, step: int) -> None:
+    """The optimizer state of two runs' step-``step`` checkpoints, whatever their world sizes:
+    every table's Adagrad sums and sparse EMA pairs (per table name), and the dense optimizer's
+    Adam moments, step counts and GSNR ratio EMA (replicated: rank 0's)."""
+    ckpts = [run / "checkpoints" / f"step_{step:08d}" for run in (a, b)]
+    ranks = [[torch.load(p, weights_only=True) for p in sorted(c.glob("rank*.pt"))] for c in ckpts]
+    sums = [
+        {
+            n: s
+            for st in per_run
+            for t in st["tables"]
+            for n, s in zip(t["names"], t["states"], strict=True)
+        }
+        for per_run in ranks
+    ]
+    assert sums[0].keys() == sums[1].keys() and len(sums[0]) == 6
+    for name, value in sums[0].items():
+        assert value.gt(0).any(), name  # not trivially zero
+        torch.testing.assert_close(sums[1][name], value, rtol=1e-5, atol=1e-7, msg=name)
+    full = [gather_checkpoint(c) for c in ckpts]
+    for name, table in full[0].tables.items():
+        ((seg_a,), (seg_b,)) = table.segments, full[1].tables[name].segments
+        assert seg_a.ema is not None and seg_b.ema is not None and seg_a.ema[1].gt(0).any()
+        for x, y in zip(seg_a.ema, seg_b.ema, strict=True):
+            torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-7, msg=name)
+    dense = [per_run[0]["dense_opt"]["state"] for per_run in ranks]
+    assert dense[0].keys() == dense[1].keys() and dense[0]
+    for key, value in dense[0].items():
+        assert {"exp_avg", "exp_avg_sq", "gsnr_ema", "step"} <= value.keys()
+        assert value.keys() == dense[1][key].keys()
+        for k, v in value.items():
+            torch.testing.assert_close(dense[1][key][k], v, rtol=1e-5, atol=1e-7, msg=f"{key} {k}")
 
 
 def test_two_rank_checkpoint_loads_on_one_rank_with_its_state(two: Path) -> None:
@@ -93,6 +128,7 @@ def test_two_rank_run_resumed_on_one_rank_continues_the_same_run(two: Path, tmp_
     assert list(resumed) == [1, 2, 3, 4, 5, 6]
     assert resumed == pytest.approx(whole, rel=1e-5)
     assert_same_model(two, part, 6)
+    assert_same_optimizer_state(two, part, 6)
 
 
 @pytest.mark.slow
@@ -102,6 +138,7 @@ def test_two_rank_run_resumed_on_four_ranks_continues_the_same_run(
     part = resume_from_step_3(two, tmp_path, 4)
     assert losses(part) == pytest.approx(losses(two), rel=1e-5)
     assert_same_model(two, part, 6)
+    assert_same_optimizer_state(two, part, 6)
 
 
 def test_column_split_changes_combine_the_row_scalars() -> None:

@@ -5,6 +5,8 @@ here from the formulas, on a tiny table whose ids are chosen by hand."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -32,9 +34,9 @@ def upstream(step: int) -> torch.Tensor:
 
 
 class Fbgemm:
-    def __init__(self) -> None:
+    def __init__(self, rows: int = ROWS) -> None:
         cfg = EmbeddingBagConfig(
-            name="t", num_embeddings=ROWS, embedding_dim=DIM, feature_names=["f"]
+            name="t", num_embeddings=rows, embedding_dim=DIM, feature_names=["f"]
         )
         torch.manual_seed(0)
         self.ebc = FbgemmEmbeddingBagCollection([cfg], "rowwise_adagrad", lr=LR, eps=EPS)
@@ -54,10 +56,10 @@ class Fbgemm:
 
 
 class Torch:
-    def __init__(self) -> None:
-        self.module = TableBatchedLookup([ROWS], DIM, "rowwise_adagrad", EPS, seed=0)
+    def __init__(self, rows: int = ROWS) -> None:
+        self.module = TableBatchedLookup([rows], DIM, "rowwise_adagrad", EPS, seed=0)
         self.module.train()
-        self.lookups = [TorchLookup(self.module, ["t"], [ROWS])]
+        self.lookups = [TorchLookup(self.module, ["t"], [rows])]
 
     def pooled(self, ids: list[int]) -> torch.Tensor:
         return self.module(torch.tensor(ids), torch.arange(len(ids) + 1))
@@ -211,3 +213,40 @@ def test_update_placement_on_tables_that_are_not_consecutive() -> None:
         assert torch.equal(damped.table_weights()[t][untouched], before[t][untouched])
     torch.testing.assert_close(damped.row_states()[0], plain.row_states()[0])
     assert FEATURE_TABLE == [0, 1, 2]
+
+
+@pytest.mark.parametrize("backend_name", sorted(BACKENDS))
+def test_realised_step_ratio_p10_is_the_tenth_smallest_row(backend_name: str) -> None:
+    """``step_ratio_p10`` of a table is the ⌈0.1·n⌉-th smallest realised row ratio, not the
+    minimum: 24 rows, each touched by 2-4 of the 4 groups with noisy gradients, and a γ that
+    clips nothing, give ≥ 10 distinct ratios; each row's realised ratio is read from the
+    weights (its move over the move of a twin table without GSNR from the same state)."""
+    rows, bags, gamma = 24, 16, 1e-3
+    gen = torch.Generator().manual_seed(7)
+    # every row in groups 0 and 1 (so no row is seen once), random rows in groups 2 and 3
+    group_ids = [torch.randperm(rows, generator=gen)[:bags].tolist() for _ in range(K)]
+    group_ids[0] = list(range(rows // 2)) + group_ids[0][: bags - rows // 2]
+    group_ids[1] = list(range(rows // 2, rows)) + group_ids[1][: bags - rows // 2]
+    damped, plain = BACKENDS[backend_name](rows), BACKENDS[backend_name](rows)
+    opt = SparseRowwiseOptimizer(damped.lookups, lr=LR, gsnr=True, gamma=gamma)
+    twin = SparseRowwiseOptimizer(plain.lookups, lr=LR)
+    opt.measure_steps = True
+    for _ in range(2):
+        with torch.no_grad():
+            plain.weights().copy_(damped.weights())
+            plain.state().copy_(damped.state())
+        w0 = damped.weights().detach().clone()
+        up = torch.randn(K, bags, DIM, generator=gen) + torch.linspace(-1, 1, DIM)
+        for backend, o in ((damped, opt), (plain, twin)):
+            for d, ids in enumerate(group_ids):
+                (backend.pooled(ids) * up[d]).sum().div(bags).backward()
+                o.collect()
+            o.step()
+        moved = (plain.weights().detach() - w0).norm(dim=1)
+        live = moved > 0
+        realised = ((damped.weights().detach() - w0).norm(dim=1)[live] / moved[live]).double()
+        ordered = sorted(float(v) for v in realised)
+        expected = ordered[math.ceil(0.1 * len(ordered)) - 1]
+        assert len({round(v, 4) for v in ordered}) >= 10
+        assert expected > ordered[0] * 1.05  # the minimum would fail here
+        assert opt.summary()[0]["step_ratio_p10"] == pytest.approx(expected, rel=1e-4)

@@ -322,3 +322,30 @@ def test_two_ranks_equal_one_rank_with_twice_the_groups(cls, tmp_path) -> None:
     for rank_params in ranks:
         for a, b in zip(rank_params, single_params, strict=True):
             torch.testing.assert_close(a, b.detach())
+
+
+def test_gsnr_variance_is_the_mean_over_groups_hand_computed() -> None:
+    """DESIGN.md 4.1 with k = 4 groups of one 3-element tensor, by hand:
+    σ² = (1/k)Σ g_d² − ḡ² (the 1/k mean, no k/(k − 1) correction), r = ḡ²/σ².
+
+    * element 0, groups 1, 2, 3, 6: ḡ = 3, s = 50/4 = 12.5, σ² = 3.5, r = 9/3.5 = 18/7;
+    * element 1, groups 0, 0, 0, 4: ḡ = 1, s = 4, σ² = 3, r = 1/3 (= 1/(k − 1));
+    * element 2, groups 2, 2, 2, 2: σ² = 0, degenerate (r = 1, out of the mean).
+
+    Mean raw GSNR 61/42 (with the k/(k − 1) factor it would be 3/4 of that, 61/56); ratios
+    normalized by it, clipped to [0.1, 1]: 1, (1/3)/(61/42) = 14/61, 1; VR-SGD moves each
+    element by lr·r·ḡ. A constant factor on σ² cancels in the normalized ratio, so only the
+    raw GSNR the telemetry reports can tell the two variances apart: it is pinned here."""
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = VRSGD([w], lr=0.5, gamma=0.1)
+    for g in ([1.0, 0.0, 2.0], [2.0, 0.0, 2.0], [3.0, 0.0, 2.0], [6.0, 4.0, 2.0]):
+        w.grad = torch.tensor(g)
+        opt.collect()
+    opt.step()
+    (entry,) = opt.gsnr_summary()
+    assert entry["raw_gsnr"] == pytest.approx(61 / 42, rel=1e-6)
+    assert entry["raw_gsnr"] != pytest.approx(61 / 56, rel=1e-2)  # Bessel's k/(k − 1)
+    assert entry["frac_degenerate"] == pytest.approx(1 / 3)
+    ratio = torch.tensor([1.0, 14 / 61, 1.0])
+    assert entry["ratio"] == pytest.approx(float(ratio.mean()), rel=1e-6)
+    torch.testing.assert_close(w.detach(), -0.5 * ratio * torch.tensor([3.0, 1.0, 2.0]))

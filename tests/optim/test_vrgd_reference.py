@@ -277,3 +277,44 @@ def test_measurement_does_not_change_the_update() -> None:
 def test_bad_placement_is_named() -> None:
     with pytest.raises(ValueError, match="placement"):
         VRAdam(make_model().parameters(), placement="moments")
+
+
+def nth_smallest_tenth(values: torch.Tensor) -> float:
+    """The ⌈0.1·n⌉-th smallest of ``values`` (the 10th percentile as DESIGN's telemetry reads it),
+    from a plain sort."""
+    ordered = sorted(float(v) for v in values)
+    return ordered[math.ceil(0.1 * len(ordered)) - 1]
+
+
+@pytest.mark.parametrize("rule", ["sgd", "adam-update"])
+def test_realised_step_ratio_p10_is_the_tenth_smallest(rule: str) -> None:
+    """``step_ratio_p10`` is the ⌈0.1·n⌉-th smallest realised ratio, not the minimum: with a γ
+    that clips nothing, a 5 x 6 weight's 30 ratios are distinct, and the realised ratio of each
+    element is read from the weights (the damped optimizer's move over the move of torch's own
+    SGD / Adam on the same ḡ from the same weights)."""
+    gamma = 1e-3
+    model = make_model()
+    if rule == "sgd":
+        opt = VRSGD(model.parameters(), lr=0.05, gamma=gamma)
+    else:  # one step: p̂ = r, so every element moves by r times Adam's own first step
+        opt = VRAdam(model.parameters(), lr=0.01, gamma=gamma, placement="update")
+    opt.measure_steps = True
+    ref = Reference(model, "sgd", gamma=gamma)
+    groups = ref.group_grads(model, 0)
+    before = [p.detach().clone() for p in model.parameters()]
+    twin = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
+    for w, per_group in zip(twin, groups, strict=True):
+        w.grad = torch.stack(per_group).mean(0).float()
+    base = torch.optim.SGD(twin, lr=0.05) if rule == "sgd" else torch.optim.Adam(twin, lr=0.01)
+    base.step()
+    run_protocol_step(model, opt, 0)
+    distinct_tensors = 0
+    for entry, p, w0, w in zip(opt.gsnr_summary(), model.parameters(), before, twin, strict=True):
+        plain = (w.detach() - w0).abs().double()
+        realised = (p.detach() - w0).abs().double()[plain > 0] / plain[plain > 0]
+        expected = nth_smallest_tenth(realised)
+        assert entry["step_ratio_p10"] == pytest.approx(expected, rel=1e-3), entry["name"]
+        if len({round(float(v), 4) for v in realised}) >= 10:
+            distinct_tensors += 1
+            assert expected > float(realised.min()) * 1.05  # the minimum would fail here
+    assert distinct_tensors >= 1

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -212,3 +213,50 @@ def test_a_full_disk_is_a_clear_error_and_nothing_is_half_written(
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "No space left on device; nothing was written" in proc.stderr, proc.stderr[-2000:]
     assert sorted(p.name for p in small_fs.iterdir()) == ["filler"]
+
+
+def test_exported_criteo_model_scores_raw_counts_through_the_log_transform(
+    tmp_path: Path,
+) -> None:
+    """A model trained on preprocessed Criteo rows, exported: both ways it scores raw rows —
+    ``model_raw.pt2`` on raw integers, and ``dlrm-vrgd score`` on the rows as text — give the
+    trainer's probabilities of features computed here, dense ``log(max(x, -3) + 5)``. A scorer
+    that fed the raw counts (or ``x + 5``, no log) would be far off: the counts reach hundreds."""
+    from dlrm_vrgd.data.criteo_format import format_criteo_text
+
+    from ..data.test_criteo import make_rows
+    from .test_score import Trained, read_csv
+
+    t = Trained(tmp_path / "criteo")
+    _, ints, cats = make_rows(300, 46)
+    assert int(ints.max()) > 100  # raw counts far from their logs
+    want = t.reference(ints, cats)
+    program = load_program(t.model, raw=True).module()
+    got = program(
+        torch.from_numpy(ints.filled(0).astype(np.int64)),
+        torch.from_numpy(cats.filled(0).astype(np.int64)),
+    )
+    np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-5, atol=1e-6)
+
+    text = tmp_path / "rows.tsv"
+    text.write_bytes(format_criteo_text(None, ints, cats))
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlrm_vrgd.cli", "score", "--model", str(t.model),
+         "--input", str(text), "--out", str(tmp_path / "p.csv"), "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    scored = np.asarray(read_csv(tmp_path / "p.csv")["probability"], np.float32)
+    np.testing.assert_allclose(scored, want, rtol=1e-5, atol=1e-6)
+    # and the transform matters to this model: the counts without the log score otherwise
+    from dlrm_vrgd.data.batch import Batch
+    from dlrm_vrgd.data.rows import Rows
+
+    from ..data.test_criteo import expected
+
+    sparse = expected(None, ints, cats, cap=50)["sparse"] % 40
+    unlogged = (np.maximum(ints.filled(0), -3) + 5).astype(np.float32)
+    with torch.no_grad():
+        rows = Rows(unlogged, sparse, np.zeros(len(sparse), np.float32))
+        skipped = torch.sigmoid(t.trainer.model(Batch.from_rows(rows))).numpy()
+    assert np.abs(skipped - want).max() > 1e-3

@@ -282,3 +282,39 @@ def test_a_study_job_page_shows_its_cells_live(
     assert page.locator("#charts .chart-card").count() == 0  # no training charts for a study
     page.wait_for_selector("#results article[data-path='results.md']")
     shot(page, "study-job")
+
+
+def test_a_wide_study_table_scrolls_inside_its_card_and_one_seed_has_no_sd(
+    signed_in: Watched, site: Site
+) -> None:
+    """At 1,400 px the summary table (20 columns) scrolls inside its own box, on the job's page
+    and on the Studies page: the page and the card do not widen, and its last column can be
+    scrolled to. This study ran one seed: its "± sd" column reads "–", not 0.0000."""
+    page = signed_in.page
+    study = {**site.client.job(site.job_id), "kind": "study", "state": "succeeded"}
+    page.route(
+        re.compile(r".*/api/v1/jobs\?kind=study.*"),
+        lambda route: route.fulfill(json={"data": [study], "count": 1}),
+    )
+    for path, scope in ((f"/ui/jobs/{site.job_id}", "#results"), ("/ui/studies", "#latest-study")):
+        page.goto(site.url(path))
+        table = f"{scope} article[data-path='results.md'] .table-scroll"
+        page.wait_for_selector(f"{table} table.md-table")
+        doc = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+        assert doc[0] <= doc[1], (path, doc)
+        first = page.locator(table).first
+        width = first.evaluate("e => [e.scrollWidth, e.clientWidth]")
+        assert width[0] > width[1], (path, width)  # wide: it scrolls ...
+        rights = first.evaluate(
+            "e => [e.getBoundingClientRect().right,"
+            " e.closest('.card').getBoundingClientRect().right]"
+        )
+        assert rights[0] <= rights[1] + 1, (path, rights)  # ... inside its card
+        first.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+        last = first.locator("thead th").last.bounding_box()
+        assert last is not None and last["x"] + last["width"] <= rights[0] + 1, path
+    headers = [t.strip().lower() for t in first.locator("thead th").all_inner_texts()]
+    sd = headers.index("± sd")
+    rows = first.locator("tbody tr")
+    values = [rows.nth(i).locator("td").nth(sd).inner_text() for i in range(rows.count())]
+    assert values and set(values) == {"–"}, values

@@ -75,6 +75,9 @@ def test_train_job_model_artifact_and_a_score_job(
     assert done["progress"]["rows"] == 250 and done["progress"]["fraction"] == 1.0
     result = client.result(job["id"])
     assert result["rows"] == 250 and 0 <= result["metrics"]["auc"] <= 1
+    # the job's progress (the dashboard's tiles) carries the labelled rows' AUC and logloss
+    assert done["progress"]["auc"] == pytest.approx(result["metrics"]["auc"])
+    assert done["progress"]["logloss"] == pytest.approx(result["metrics"]["logloss"])
     listed = {a["path"] for a in client.artifacts(job["id"])["data"]}
     assert {"predictions.csv", "predictions.csv.metrics.json", "result.json"} <= listed
     table = pcsv.read_csv(io.BytesIO(client.download(job["id"], "predictions.csv"))).to_pydict()

@@ -15,7 +15,9 @@ Accepted syntax, per field (empty = missing in every column):
 
 * label: an integer equal to 0 or 1 (missing -> 0, torchrec's rule; counted);
 * I1..I13: a 64-bit integer as pyarrow's CSV reader accepts it (decimal with an optional ``-``
-  and surrounding spaces, or a ``0x`` hex literal);
+  and surrounding spaces, or a ``0x`` hex literal), or an integral float in decimal notation
+  (``260.0``, ``-1.``: DeepCTR-style CSVs write counts so); the label likewise (``1.0``);
+  ``1.5`` or ``2e3`` is not an integer;
 * C1..C26: 1 to 16 hexadecimal digits (Criteo writes 8); missing -> 0 (torchrec's rule).
 
 Dense transform (torchrec's ``dense -= dense.min() - 2; log(dense)`` with a fixed minimum so
@@ -54,6 +56,7 @@ _DENSE_MAX = 1 << 62
 _ONLY_NEWLINES = re.compile(rb"\n*")
 _ROW_ERROR = re.compile(r"Expected \d+ columns, got \d+")
 _MAX_ROUNDS = 64
+_INTEGRAL_FLOAT = re.compile(rb"^( *-?[0-9]+)\.0*( *)$")
 
 
 def _hex_tables() -> tuple[np.ndarray, np.ndarray]:
@@ -212,6 +215,28 @@ def _convert(table: pa.Table, layout: Layout, opts: ParseOptions) -> ParsedBlock
 
 
 # --------------------------------------------------------------------------- the block
+def integral_floats_as_ints(block: bytes | bytearray, layout: Layout) -> bytes | bytearray:
+    """Rewrite every integral float (``260.0``, ``-1.``) in the label and I1..I13 fields of
+    ``block`` as the integer it is (``260``, ``-1``); other fields and values are left for the
+    parser to accept or reject. A Python pass over the lines holding a ``.``: Criteo's own
+    files have none, so they never take it."""
+    names = layout.names
+    columns = [j for j, n in enumerate(names) if n == "label" or n in INT_NAMES]
+    delim = layout.delimiter.encode()
+    lines = block.split(b"\n")
+    for i, line in enumerate(lines):
+        if b"." not in line:
+            continue
+        fields = line.split(delim)
+        for j in columns:
+            if j < len(fields) and b"." in fields[j]:
+                m = _INTEGRAL_FLOAT.match(fields[j])
+                if m is not None:
+                    fields[j] = m.group(1) + m.group(2)
+        lines[i] = delim.join(fields)
+    return b"\n".join(lines)
+
+
 def pad_short_lines(block: bytes | bytearray, layout: Layout) -> tuple[bytes | bytearray, int]:
     """Append the missing delimiters to every non-empty line with too few fields (vectorized;
     for files whose rows lost their trailing empty fields). Returns the block and the count."""
@@ -288,6 +313,8 @@ def _parse(
         block = block.replace(b"\r\n", b"\n")
     if layout.prepad:
         block, padded = pad_short_lines(block, layout)
+    if b"." in block:
+        block = integral_floats_as_ints(block, layout)
     if len(block) > MAX_LINE_BYTES:  # pyarrow cannot parse a line longer than its block
         b = np.frombuffer(block, dtype=np.uint8)
         ends = np.flatnonzero(b == ord("\n"))

@@ -10,6 +10,10 @@ OUT/
 
 Every input file becomes one day (``--rows-per-day R`` cuts each input into days of R rows:
 Kaggle's ``train.txt`` is 7 days of data, ``R = 6548660`` gives the 7 days DLRM recipes use).
+``--split 0.8,0.1,0.1`` cuts one input, in file order, into three days: train (day 0), val
+(day 1) and test (day 2); the fractions are of its non-blank lines (counted in a first pass),
+so rows skipped as malformed shorten the split they fall in. The manifest's ``splits`` names the
+days, and training reads them as its default ``data.train_days`` / ``val_days`` / ``test_days``.
 
 Categorical ids (the hex value ``v``; missing = 0, as torchrec):
 
@@ -137,6 +141,7 @@ def preprocess(
     frequency_threshold: int = 0,
     skip_bad_rows: bool = False,
     rows_per_day: int | None = None,
+    split: Sequence[float] | None = None,
     labels: LabelsMode = "auto",
     dense_floor: int = DEFAULT_DENSE_FLOOR,
     overwrite: bool = False,
@@ -157,15 +162,23 @@ def preprocess(
     if rows_per_day is not None and rows_per_day < 1:
         raise ValueError("--rows-per-day must be >= 1")
     files = expand_inputs(inputs)
+    day_limits = None
+    if split is not None:
+        day_limits = split_rows(files, split, rows_per_day, fmt, labels, block_bytes)
     out = Path(out).absolute()
     workers = workers or len(os.sched_getaffinity(0))
     opts = ParseOptions(caps=caps, dense_floor=dense_floor, skip_bad_rows=skip_bad_rows)
     staging = prepare_staging(out, overwrite)
     try:
         manifest = _run(
-            files, staging, opts, fmt, labels, frequency_threshold, rows_per_day, workers,
-            block_bytes, progress,
+            files, staging, opts, fmt, labels, frequency_threshold, rows_per_day, day_limits,
+            workers, block_bytes, progress,
         )  # fmt: skip
+        if split is not None:
+            manifest["splits"] = {
+                "fractions": [float(f) for f in split],
+                "train_days": [0], "val_days": [1], "test_days": [2],
+            }  # fmt: skip
         atomic_write_json(staging / MANIFEST, manifest)
         os.chmod(staging / MANIFEST, 0o644)  # a data set, readable like the npy files
         publish(staging, out)
@@ -177,6 +190,55 @@ def preprocess(
     return PreprocessResult(out, manifest, seconds)
 
 
+def parse_split(text: str) -> list[float]:
+    """``"0.8,0.1,0.1"`` -> three positive fractions summing to 1 (train, val, test)."""
+    try:
+        parts = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--split: {text!r} is not three fractions such as 0.8,0.1,0.1") from None
+    if len(parts) != 3 or min(parts) <= 0 or abs(sum(parts) - 1.0) > 1e-6:
+        raise ValueError(
+            f"--split: {text!r}: expected three positive fractions (train, val, test) summing to 1"
+        )
+    return parts
+
+
+def split_rows(
+    files: list[Path],
+    split: Sequence[float],
+    rows_per_day: int | None,
+    fmt: Format,
+    labels: LabelsMode,
+    block_bytes: int,
+) -> list[int]:
+    """The rows of the train and val days of ``--split`` (test takes the rest), from a count of
+    the input's non-blank lines (its header left out)."""
+    if rows_per_day is not None:
+        raise ValueError("--split and --rows-per-day both cut the input into days: pass one")
+    if len(files) != 1:
+        raise ValueError(
+            f"--split cuts one input into train, val and test; got {len(files)} files "
+            "(concatenate them first, or train on whole days with data.train_days)"
+        )
+    reader = BlockReader(files[0], block_bytes)
+    lines = 0
+    for i, block in enumerate(reader.blocks()):
+        if i == 0 and detect_layout(str(files[0]), block, fmt, labels, reader.gzip).has_header:
+            del block[: block.find(b"\n") + 1]
+        lines += _nonblank(block.replace(b"\r\n", b"\n") if b"\r" in block else block)
+    train, val = round(split[0] * lines), round(split[1] * lines)
+    if min(train, val, lines - train - val) < 1:
+        raise ValueError(f"--split: {files[0]} has {lines} rows, too few for three non-empty days")
+    return [train, val]
+
+
+def _nonblank(block: bytes | bytearray) -> int:
+    """Non-empty lines of ``block`` (a last line without its newline counts)."""
+    ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == ord("\n"))
+    ends = np.append(ends, len(block))  # the text after the last newline (maybe none)
+    return int(np.count_nonzero(np.diff(ends, prepend=-1) > 1))
+
+
 def _run(
     files: list[Path],
     staging: Path,
@@ -185,6 +247,7 @@ def _run(
     labels: LabelsMode,
     threshold: int,
     rows_per_day: int | None,
+    day_limits: list[int] | None,
     workers: int,
     block_bytes: int,
     progress: bool,
@@ -198,6 +261,12 @@ def _run(
     id_max = np.zeros(NUM_CAT, dtype=np.uint64)
     hasher = ThreadPoolExecutor(1, thread_name_prefix="criteo-sha256")
     current: DayWriter | None = None
+
+    def limit(day: DayWriter) -> int | None:
+        """The most rows ``day`` takes (None: the rest of its input)."""
+        if day_limits is not None:
+            return day_limits[day.index] if day.index < len(day_limits) else None
+        return rows_per_day
 
     def close_day(day: DayWriter) -> None:
         day.close()
@@ -227,7 +296,8 @@ def _run(
             )
         pos = 0
         while pos < len(block):
-            full = rows_per_day is not None and current is not None and current.rows >= rows_per_day
+            cap = limit(current) if current is not None else None
+            full = current is not None and cap is not None and current.rows >= cap
             if current is None or current.input_index != state.index or full:
                 if current is not None:
                     close_day(current)
@@ -239,8 +309,9 @@ def _run(
                 days.append(current)
                 state.days.append(current.index)
             take = len(block) - pos
-            if rows_per_day is not None:
-                take = min(take, rows_per_day - current.rows)
+            cap = limit(current)
+            if cap is not None:
+                take = min(take, cap - current.rows)
             current.append(block, pos, pos + take)
             pos += take
 
@@ -389,6 +460,13 @@ def summary_lines(result: PreprocessResult) -> list[str]:
         lines.append(
             f"  day {d['day']}: {d['rows']:,} rows ({clicks}) from {Path(src['path']).name} "
             f"rows {src['rows'][0]:,}-{src['rows'][1]:,}"
+        )
+    if m.get("splits"):
+        sp = m["splits"]
+        fractions = "/".join(f"{f:g}" for f in sp["fractions"])
+        lines.append(
+            f"  split {fractions}: train day {sp['train_days'][0]}, val day "
+            f"{sp['val_days'][0]}, test day {sp['test_days'][0]} (training reads them so)"
         )
     sp = m["sparse"]
     cards = sp["cardinalities"]

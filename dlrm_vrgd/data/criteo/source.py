@@ -8,7 +8,8 @@ or whose files differ from it in size, shape or dtype (or in SHA-256, with
 
 Splits (``data`` section, :class:`~dlrm_vrgd.config.CriteoData`):
 
-* ``train_days``: default every labeled day but the last;
+* ``train_days``: default every labeled day but the last (a directory preprocessed with
+  ``--split``: its train day, and val / test its val and test days);
 * ``val_days`` / ``test_days``: default the last labeled day. Where val and test are the same
   days, their rows are divided: the first ``val_fraction`` go to val, the rest to test
   (torchrec's halving of day 23). ``max_val_rows`` / ``max_test_rows`` keep the first rows only.
@@ -208,9 +209,22 @@ def criteo_splits(cfg: CriteoData) -> DataSplits:
     if not labeled:
         raise CriteoDataError(f"{cfg.path}: no labeled day")
     last = labeled[-1]
-    train_days = cfg.train_days if cfg.train_days is not None else labeled[:-1]
-    val_days = cfg.val_days if cfg.val_days is not None else [last]
-    test_days = cfg.test_days if cfg.test_days is not None else [last]
+    made = store.manifest.get("splits") or {}  # preprocess --split
+    if not isinstance(made, dict) or not all(
+        isinstance(v, list) and all(type(d) is int for d in v)
+        for k, v in made.items()
+        if k.endswith("_days")
+    ):
+        raise CriteoDataError(f"{cfg.path}: the manifest's splits are not lists of day numbers")
+    defaults = {
+        "train_days": made.get("train_days", labeled[:-1]),
+        "val_days": made.get("val_days", [last]),
+        "test_days": made.get("test_days", [last]),
+    }
+    train_days, val_days, test_days = (
+        value if (value := getattr(cfg, name)) is not None else list(defaults[name])
+        for name in ("train_days", "val_days", "test_days")
+    )
     chosen = {"train_days": train_days, "val_days": val_days, "test_days": test_days}
     for name, days in chosen.items():
         _check_days(days, by_index, name, cfg.path)

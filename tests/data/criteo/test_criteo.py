@@ -286,6 +286,33 @@ def test_parsing_rules_on_written_lines(tmp_path: Path) -> None:
     assert not got["sparse"][1, 1:].any() and not got["sparse"][2:].any()
 
 
+def test_integral_floats_parse_as_integers_deepctr_csv(tmp_path: Path) -> None:
+    """DeepCTR's Criteo sample writes counts as floats (``260.0``, empty for missing) under a
+    ``label,I1..I13,C1..C26`` header: every row is kept and equals its integer twin; a count that
+    is not integral (``1.5``) is still refused, naming the field and line."""
+    lab, ints, cats = make_rows(300, 9)
+    text = format_criteo_text(lab, ints, cats, ",")
+    rows = []
+    for i, row in enumerate(text.decode().splitlines()):
+        f = row.split(",")
+        f[0] = f"{f[0]}.0" if i % 3 == 0 else f[0]  # a float label now and then
+        f[1:14] = [v if v == "" else (f"{v}.0" if i % 2 else f"{v}.") for v in f[1:14]]
+        rows.append(",".join(f))
+    names = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
+    header = ",".join(names)
+    assert sum(v.endswith(".0") for v in rows[1].split(",")[1:14]) >= 5
+    (tmp_path / "criteo_sample.txt").write_text("\n".join([header, *rows]) + "\n")
+    m = run([tmp_path / "criteo_sample.txt"], tmp_path / "out", max_rows_per_table=CAPS)
+    assert (m["rows"], m["bad_rows"], m["inputs"][0]["header"]) == (300, 0, True)
+    assert_day(tmp_path / "out", 0, expected(lab, ints, cats))
+
+    f = rows[1].split(",")
+    f[3] = "1.5"
+    (tmp_path / "half.txt").write_text("\n".join([header, rows[0], ",".join(f)]) + "\n")
+    with pytest.raises(MalformedRowError, match=r"half.txt:3: I3: not an integer"):
+        run([tmp_path / "half.txt"], tmp_path / "out2")
+
+
 def test_unlabeled_rows_and_header_and_gzip_members(tmp_path: Path) -> None:
     header = line(["label"] + [f"int_{i}" for i in range(13)] + [f"cat_{i}" for i in range(26)])
     part1 = gzip.compress(f"{header}\n{line(ROW)}\n".encode())

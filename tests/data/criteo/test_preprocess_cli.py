@@ -87,3 +87,54 @@ def test_bad_options_exit_2(tmp_path: Path) -> None:
     proc = cli("preprocess", "--input", str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "input not found" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["day_0"]
+
+
+def test_split_cuts_one_input_into_train_val_test_days(tmp_path: Path) -> None:
+    """``--split 0.8,0.1,0.1`` on one 1,000-row file (a header and blank lines that do not count):
+    days of 800, 100 and 100 rows in file order, and configs/criteo_small.yaml trains on them
+    reading them as its splits."""
+    labels, ints, cats = make_rows(1000, 31)
+    text = format_criteo_text(labels, ints, cats, ",", header=True).decode()
+    head, *rows = text.splitlines()
+    (tmp_path / "sample.csv").write_text("\n".join([head, *rows[:500], "", *rows[500:]]) + "\n")
+    out = tmp_path / "criteo"
+    proc = cli(
+        "preprocess", "--input", str(tmp_path / "sample.csv"), "--out", str(out),
+        "--max-rows-per-table", "50", "--split", "0.8,0.1,0.1", "--no-progress",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "split 0.8/0.1/0.1: train day 0, val day 1, test day 2" in proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [d["rows"] for d in manifest["days"]] == [800, 100, 100]
+    assert manifest["splits"]["val_days"] == [1]
+    want = expected(labels, ints, cats, cap=50)["sparse"]
+    for day, (a, b) in enumerate([(0, 800), (800, 900), (900, 1000)]):
+        np.testing.assert_array_equal(np.load(out / f"day_{day}_sparse.npy"), want[a:b])
+
+    # the shipped small real-Criteo config, on this directory
+    config = Path(__file__).resolve().parents[2] / "configs" / "criteo_small.yaml"
+    run_dir = tmp_path / "run"
+    proc = cli("train", "--config", str(config), "--out", str(run_dir), "--set",
+               f"data.path={out}", "--set", "run.epochs=1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "trained 4 steps, 1,024 rows" in proc.stdout  # 800 train rows, 256 a step: 4 steps
+    test = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("split") == "test"]
+    assert test and test[-1]["rows"] == 100  # the whole test day, not half of the last day
+
+
+def test_split_needs_three_fractions_and_one_input(tmp_path: Path) -> None:
+    path = tmp_path / "day_0"
+    path.write_text("\n".join([line(ROW)] * 20) + "\n")
+    for split, message in (
+        ("0.8,0.1", "three positive fractions"),
+        ("0.8,0.3,0.1", "summing to 1"),
+        ("a,b,c", "not three fractions"),
+    ):
+        proc = cli("preprocess", "--input", str(path), "--out", str(tmp_path / "o"),
+                   "--split", split)  # fmt: skip
+        assert proc.returncode == 2 and message in proc.stderr, (split, proc.stderr)
+    (tmp_path / "day_1").write_text(path.read_text())
+    proc = cli("preprocess", "--input", str(path), str(tmp_path / "day_1"), "--out",
+               str(tmp_path / "o"), "--split", "0.8,0.1,0.1")  # fmt: skip
+    assert proc.returncode == 2 and "cuts one input" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["day_0", "day_1"]

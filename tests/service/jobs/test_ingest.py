@@ -40,3 +40,24 @@ def test_progress_tracks_the_latest_step_and_the_best_eval() -> None:
     assert (p["val_auc"], p["best_val_auc"], p["best_val_step"]) == (0.65, 0.7, 1)
     assert (p["test_auc"], p["test_oracle_auc"]) == (0.66, 0.81)
     assert abs(p["table_gsnr_ratio"] - 0.6) < 1e-12 and p["table_frac_clipped"] == 0.1
+
+
+def test_a_studys_best_auc_is_the_best_validation_over_its_cells() -> None:
+    """Issue 31: the last cell's test AUC (0.6473) was shown as the study's best; the best is the
+    highest validation AUC of any finished cell (0.6686, cell 2), wherever it comes."""
+    cells = [
+        {"kind": "cell", "step": 1, "total_cells": 3, "cell": "G128-a", "val_auc": 0.6501,
+         "test_auc": 0.6490},
+        {"kind": "cell", "step": 2, "total_cells": 3, "cell": "G256-b", "val_auc": 0.6686,
+         "test_auc": 0.6652},
+        {"kind": "cell", "step": 3, "total_cells": 3, "cell": "G512-c", "val_auc": 0.6480,
+         "test_auc": 0.6473},
+    ]  # fmt: skip
+    p = update_progress({}, cells[:2], [])
+    p = update_progress(p, cells[2:], [])  # folded in two batches, as the runner tails the file
+    assert (p["best_val_auc"], p["best_cell"], p["best_cell_test_auc"]) == (
+        0.6686,
+        "G256-b",
+        0.6652,
+    )
+    assert (p["val_auc"], p["test_auc"], p["step"], p["fraction"]) == (0.6480, 0.6473, 3, 1.0)

@@ -1,5 +1,6 @@
 // Per-layer and per-table GSNR over time, as small multiples: one small chart per dense tensor
-// and per embedding table, all on the same 0..1 axis, showing the normalized GSNR ratio r, the
+// and per embedding table, on a 0..1 axis that grows to fit a realised step ratio above 1
+// (VR-Adam's `gradient` placement, see adamNote), showing the normalized GSNR ratio r, the
 // fraction clipped at γ, the realised step ratio (|actual step| / |plain step from the same
 // state|: whether the damping reached the weights), γ itself and (tables) the share of touched
 // rows that two or more micro-batches saw. Charts are created as tensors first appear in the GSNR records.
@@ -8,6 +9,24 @@ import { color, createChart, fixedTicks, line } from "../charts.js";
 import { fill, fmt, h, isNum, pct, shortTensorName } from "../dom.js";
 
 const SMALL_HEIGHT = 104;
+
+/** The y range of a small multiple: 0..1.05, or up to the largest value drawn (+5%). */
+export function smallRange(u, lo, hi) {
+  return [0, isNum(hi) && hi > 1 ? hi * 1.05 : 1.05];
+}
+
+/** Why VR-Adam / VR-LAMB's realised step ratio can exceed 1 under the paper's placement. */
+export function adamNote(dense) {
+  const name = String(dense.name ?? "");
+  if (!["vradam", "vrlamb"].includes(name) || (dense.gsnr_placement ?? "gradient") !== "gradient") return null;
+  return (
+    `${name} with gsnr_placement: gradient (the paper's): the ratio scales the gradient that enters Adam's moments, ` +
+    "not the step. Adam divides by √v̂, so a damped gradient also lowers v̂ and the step grows back; where the new " +
+    "gradient opposes the momentum, damping it cancels less of m̂. The realised step ratio (actual / plain Adam step " +
+    "from the same state) can therefore exceed 1, most where the plain step nearly cancels. " +
+    "gsnr_placement: update damps every step by exactly p̂ ∈ [γ, 1]."
+  );
+}
 
 function legendItem(label, swatchClass) {
   return h("span", { class: "legend-item" }, h("span", { class: `swatch ${swatchClass}` }), label);
@@ -81,7 +100,7 @@ class Multiples {
       legend: false,
       height: SMALL_HEIGHT,
       xLabel: "step",
-      scales: { y: { range: [0, 1.05] } },
+      scales: { y: { range: smallRange } },
       series,
       axes: [{ ticks: fixedTicks(1) }],
       emptyText: "",
@@ -137,6 +156,8 @@ export class GsnrPanel {
         ? "No per-tensor GSNR yet."
         : `${none}The dense optimizer (${dense.name ?? "?"}) is not a VR-* optimizer (vrsgd, vradam, vrlars, vrlamb): it measures no GSNR.`,
     });
+    const note = adamNote(dense);
+    if (note) this.dense.details.insertBefore(h("p", { class: "muted small", id: "gsnr-adam-note" }, note), this.dense.grid);
     this.tables = new Multiples(container, {
       kind: "table",
       title: sparseVr

@@ -173,8 +173,31 @@ export async function jobView(main, jobId) {
 
   function renderTiles() {
     const p = job.progress || {};
+    if (job.kind === "study") {
+      // the best validation AUC over the finished cells (not the last cell's), then the last cell
+      const done = isNum(p.step) ? `${int(p.step)} of ${int(p.total_steps)} cells` : "no cell finished yet";
+      fill(
+        tiles,
+        tile("Best val AUC", fmt(p.best_val_auc), p.best_cell ? `cell ${p.best_cell}` : done, "best-auc"),
+        tile("Its test AUC", fmt(p.best_cell_test_auc), "of the best-validation cell", "best-test-auc"),
+        tile("Last cell", p.last_cell ? String(p.last_cell) : "–", isNum(p.val_auc) ? `val ${fmt(p.val_auc)} · test ${fmt(p.test_auc)}` : done, "last-cell"),
+        tile("Oracle AUC", fmt(p.test_oracle_auc), "the ceiling (last cell's test rows)", "oracle-auc"),
+      );
+      tiles.hidden = false;
+      return;
+    }
+    if (job.kind === "score") {
+      fill(
+        tiles,
+        tile("Rows scored", int(p.rows), isNum(p.fraction) ? `${pct(p.fraction)} of the input read` : "", "rows"),
+        tile("Rows/s", int(p.rows_per_s), "scoring throughput", "rows-per-s"),
+        tile("AUC", fmt(p.auc), isNum(p.logloss) ? `logloss ${fmt(p.logloss)}` : ACTIVE.has(job.state) ? "at the end" : "no labels", "auc"),
+      );
+      tiles.hidden = false;
+      return;
+    }
     if (!isTrain) {
-      // other kinds (studies): whatever progress they report, but what the progress bar shows
+      // other kinds: whatever progress they report, but what the progress bar shows
       const skip = new Set(["updated_at", "fraction", "step", "total_steps"]);
       const entries = Object.entries(p).filter(([k, v]) => !skip.has(k) && v !== null && typeof v !== "object");
       tiles.hidden = !entries.length;
