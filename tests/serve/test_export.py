@@ -222,7 +222,7 @@ def test_exported_criteo_model_scores_raw_counts_through_the_log_transform(
     ``model_raw.pt2`` on raw integers, and ``dlrm-vrgd score`` on the rows as text — give the
     trainer's probabilities of features computed here, dense ``log(max(x, -3) + 5)``. A scorer
     that fed the raw counts (or ``x + 5``, no log) would be far off: the counts reach hundreds."""
-    from dlrm_vrgd.data.criteo_format import format_criteo_text
+    from dlrm_vrgd.data.criteo.format import format_criteo_text
 
     from ..data.test_criteo import make_rows
     from .test_score import Trained, read_csv
