@@ -14,8 +14,8 @@ its manifest with their SHA-256, like every model file):
   stays outside is text: :func:`~dlrm_vrgd.serve.featurizer.parse_raw_fields`);
 * ``model_repository/NAME/config.pbtxt`` and ``model_repository/NAME/1/model.onnx``: a Triton
   Inference Server model repository (onnxruntime backend, dynamic batching) serving
-  ``model_raw.onnx`` (else ``model.onnx``); the ONNX file is a hard link to the one beside it
-  where the file system allows. ``docs/serving.md`` says how to serve and call it.
+  ``model_raw.onnx`` (else ``model.onnx``), a copy (``onnx`` and ONNX Runtime refuse external
+  data with several hard links). ``docs/serving.md`` says how to serve and call it.
 
 Every graph has opset :data:`OPSET` (the default domain; ONNX Runtime >= 1.14, every Triton
 release since 23.02) and a dynamic batch axis. Its tensors go to ONNX external data
@@ -213,18 +213,12 @@ def write_onnx(
     graph, external = written[-1]  # the raw graph where there is one: raw rows in
     version = staging / m.TRITON_DIR / name / "1"
     version.mkdir(parents=True)
-    _link_or_copy(staging / graph.name, version / m.ONNX)
+    # copies, not hard links: onnx and ONNX Runtime refuse external data with several links
+    shutil.copyfile(staging / graph.name, version / m.ONNX)
     if external:  # the graph names its data file (model_raw.onnx.data): the same name there
         data = graph.name + m.DATA_SUFFIX
-        _link_or_copy(staging / data, version / data)
+        shutil.copyfile(staging / data, version / data)
     (version.parent / "config.pbtxt").write_text(triton_config(name, graph))
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
 
 
 # ------------------------------------------------------------------------------ loading
