@@ -11,10 +11,13 @@ day files; any other directory stands for its files in natural order):
 * preprocessed day files (``dlrm-vrgd preprocess`` output made with the same rules as the model's
   training data; checked against its manifest).
 
-Raw text is read in blocks of ``block_bytes`` and parsed by ``workers`` threads (at most
-``workers + 1`` blocks in flight), mapped onto the model's tables
-(:mod:`dlrm_vrgd.serve.features`) and scored ``batch_rows`` rows at a time; predictions are
-appended to the output as they come, so memory does not grow with the input.
+Raw text is read in blocks of ``block_bytes`` by a reader thread into a bounded queue
+(:func:`~dlrm_vrgd.serve.pipeline.prefetch`), parsed by ``workers`` threads (at most
+``workers + 2`` blocks in flight), mapped onto the model's tables
+(:mod:`dlrm_vrgd.serve.features`) and scored ``batch_rows`` rows at a time by ONNX Runtime on
+``model.onnx`` or the torch module (``engine``, :func:`predictor`); reading, parsing and the
+model overlap, and predictions are appended to the output as they come, so memory does not grow
+with the input.
 
 Output (CSV, or Parquet when the name ends in ``.parquet``/``.pq`` or ``fmt="parquet"``): one
 row per scored input row, in input order, with columns ``file``, ``line`` (the line in the raw
