@@ -75,12 +75,24 @@ def train_model(root: Path, cores: int) -> Path:
     return root / "model"
 
 
+#: Started by a small Python: Linux keeps the high-water RSS of the address space a process
+#: exec()s from (here a vfork of this large process) in its ru_maxrss, so measuring `score`
+#: as our own child would report this process's RSS; the grandchild's is its own.
+_MEASURE = """import os, subprocess, sys
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+err = p.stderr.read()
+_, status, usage = os.wait4(p.pid, 0)
+if status:
+    sys.exit(err.decode()[-2000:])
+print(usage.ru_maxrss)
+"""
+
+
 def peak_rss_mb(cmd: list[str]) -> float:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status != 0:
-        raise RuntimeError(f"{cmd}: exit {status}: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-    return usage.ru_maxrss / 1024
+    proc = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd}: {proc.stderr[-2000:]}")
+    return int(proc.stdout) / 1024
 
 
 def main() -> None:
@@ -150,7 +162,7 @@ def main() -> None:
         print(f"score ({best}) / faster forward alone: {ratio:.2f} (target >= {TARGET})")
         print(f"score ({best}) / preprocess: {med['preprocess'] / med[f'score {best}']:.2f}")
 
-        # peak RSS of `dlrm-vrgd score` at N and 4N rows (a child process each)
+        # peak RSS of `dlrm-vrgd score` at N and 4N rows (a process each, see _MEASURE)
         long = root / "day_long"
         with long.open("wb") as f:
             for _ in range(4):

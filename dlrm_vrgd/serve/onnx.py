@@ -222,12 +222,16 @@ def write_onnx(
 
 
 # ------------------------------------------------------------------------------ loading
-def _session(model: Path | bytes, threads: int | None, providers: list[str] | None = None) -> Any:
+def _session(
+    model: Path | bytes, threads: int | None, providers: Any = None, spin: bool = True
+) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3  # errors only
+    if not spin:  # idle ORT threads sleep instead of spinning (they share cores with parsing)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads:
         opts.intra_op_num_threads = threads
     source = model if isinstance(model, bytes) else str(model)
@@ -255,11 +259,14 @@ class OnnxScorer:
         threads: int | None = None,
         device: str = "cpu",
         batch_rows: int = 16_384,
+        verify: bool = True,
     ) -> None:
         import onnx
 
         model_dir = Path(model_dir)
-        manifest = m.read_manifest(model_dir)  # every file's size and SHA-256, no links
+        # every file's size and SHA-256, no links (verify=False: the caller just did; the ONNX
+        # bytes handed to ONNX Runtime are checked against the manifest all the same)
+        manifest = m.read_manifest(model_dir, verify)
         name = m.RAW_ONNX if raw else m.ONNX
         if name not in manifest["files"]:
             raise m.ModelError(f"{model_dir}: no {name} (export it with --format onnx or all)")
@@ -293,7 +300,7 @@ class OnnxScorer:
             index = device.partition(":")[2] or "0"
             providers = [("CUDAExecutionProvider", {"device_id": int(index)})]
         # without external data ORT gets the bytes hashed above; with it, the (verified) path
-        self.session = _session(path if locations else data, threads, providers)
+        self.session = _session(path if locations else data, threads, providers, spin=False)
         self.inputs = want
         self.batch_rows = batch_rows
 

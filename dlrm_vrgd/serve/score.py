@@ -514,7 +514,8 @@ def predictor(
         from dlrm_vrgd.serve.onnx import OnnxScorer
 
         logger.info("scoring with onnxruntime (%s)", m.ONNX)
-        return OnnxScorer(model_dir, device=device, batch_rows=batch_rows, threads=threads)
+        return OnnxScorer(model_dir, device=device, batch_rows=batch_rows, threads=threads,
+                          verify=False)  # load_scoring verified every file  # fmt: skip
     return lambda dense, sparse: _predict(model, dense, sparse, batch_rows, device)
 
 
