@@ -17,8 +17,8 @@ its manifest with their SHA-256, like every model file):
   ``model_raw.onnx`` (else ``model.onnx``), a copy (``onnx`` and ONNX Runtime refuse external
   data with several hard links). ``docs/serving.md`` says how to serve and call it.
 
-Every graph has opset :data:`OPSET` (the default domain; ONNX Runtime >= 1.14, every Triton
-release since 23.02) and a dynamic batch axis. Its tensors go to ONNX external data
+Every graph has opset :data:`OPSET` (the default domain; ONNX Runtime >= 1.14, so any recent
+Triton) and a dynamic batch axis. Its tensors go to ONNX external data
 (``model.onnx.data`` beside ``model.onnx``) when they exceed :data:`EXTERNAL_DATA_BYTES` (under
 protobuf's 2 GiB limit of one file). Each file is checked at export with ``onnx.checker``, and
 ONNX Runtime's output on sample rows is compared with the eager module's.
