@@ -378,9 +378,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         target = _mlflow_target(Path(args.run))
         if target is None:
             return 2
+    if args.no_program and args.format != "pt2":
+        print("error: --no-program writes no program: it takes no --format", file=sys.stderr)
+        return 2
+    program = not args.no_program and args.format in ("pt2", "all")
     result = export_model(
-        args.run, args.out, step, program=not args.no_program, overwrite=args.overwrite
-    )
+        args.run, args.out, step, program=program, overwrite=args.overwrite,
+        onnx=args.format in ("onnx", "all"),
+    )  # fmt: skip
     files = result.manifest["files"]
     size = sum(f["bytes"] for f in files.values())
     print(
@@ -481,6 +486,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         days=_day_list(args.days) if args.days else None,
         split=args.split,
         input_root=args.input_root,
+        engine=args.engine,
     )
     if record is not None:
         # the last progress line carries the metrics of labelled rows, for the dashboard's tiles
@@ -672,6 +678,13 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
     ex.add_argument("--no-program", action="store_true", help="skip the torch.export model.pt2")
     ex.add_argument(
+        "--format",
+        choices=["pt2", "onnx", "all"],
+        default="pt2",
+        help="programs beside the weights: torch.export .pt2 (default), ONNX + a Triton "
+        "model repository, or both",
+    )
+    ex.add_argument(
         "--mlflow",
         action="store_true",
         help="also log the model to the run's MLflow run (trained with run.mlflow)",
@@ -713,6 +726,12 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--batch-rows", type=int, default=16_384, help="rows per forward pass")
     sc.add_argument("--workers", type=int, help="parsing threads (default: all cores)")
     sc.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    sc.add_argument(
+        "--engine",
+        choices=["auto", "onnxruntime", "torch"],
+        default="auto",
+        help="the model's forward: auto is onnxruntime where the model has model.onnx (on CPU)",
+    )
     sc.add_argument("--overwrite", action="store_true", help="replace an earlier --out")
     sc.add_argument("--no-progress", action="store_true", help="no progress bar")
     sc.add_argument("--record", metavar="DIR", help=argparse.SUPPRESS)  # the service's run dir

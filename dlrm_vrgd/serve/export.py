@@ -136,8 +136,13 @@ def export_model(
     *,
     program: bool = True,
     overwrite: bool = False,
+    onnx: bool = False,
+    external_bytes: int | None = None,
 ) -> ExportResult:
-    """Write the model directory ``out`` from checkpoint ``step`` (default newest) of a run."""
+    """Write the model directory ``out`` from checkpoint ``step`` (default newest) of a run;
+    ``program``: the ``torch.export`` programs; ``onnx``: the ONNX graphs and a Triton
+    repository (:mod:`dlrm_vrgd.serve.onnx`; tensors over ``external_bytes`` to external
+    data)."""
     run_dir, out = Path(run_dir), Path(out).absolute()
     _check_out(out, overwrite)
     path = find_checkpoint(run_dir, step)
@@ -168,10 +173,17 @@ def export_model(
             if layout.raw_rows:  # the input transform in the graph: raw integers in
                 raw = RawScoringModel(RawFeaturizer(layout, vocab), model)
                 export_program(raw, staging / m.RAW_PROGRAM, len(model.table_rows), raw=True)
+        if onnx:
+            from dlrm_vrgd.serve import onnx as ox
+
+            limit = ox.EXTERNAL_DATA_BYTES if external_bytes is None else external_bytes
+            ox.write_onnx(staging, model, layout, vocab, ox.triton_name(out), limit)
+        written = sorted(f for f in staging.rglob("*") if f.is_file())
         files = {
-            f.name: {"bytes": f.stat().st_size, "sha256": m.sha256_file(f)}
-            for f in sorted(staging.iterdir())
-        }
+            f.relative_to(staging).as_posix(): {"bytes": f.stat().st_size,
+                                                "sha256": m.sha256_file(f)}
+            for f in written
+        }  # fmt: skip
         manifest = {
             "format": m.MODEL_FORMAT,
             "version": m.MODEL_VERSION,
@@ -184,7 +196,7 @@ def export_model(
             "files": files,
         }
         _write_json(staging / m.MANIFEST, manifest)
-        for f in staging.iterdir():
+        for f in [*written, staging / m.MANIFEST]:
             _fsync(f)
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"

@@ -71,19 +71,24 @@ class RawFeaturizer(nn.Module):
         if self.has_caps:
             ids = torch.remainder(ids, self.caps)
         if self.vocab_sizes:
-            cols, start = [], 0
-            for j, size in enumerate(self.vocab_sizes):
-                kept = self.vocab[start : start + size]
-                start += size
-                col = ids[:, j].contiguous()
-                pos = torch.searchsorted(kept, col)
-                found = kept[pos.clamp(max=size - 1)] == col
-                cols.append(torch.where(found & (pos < size), pos + 1, torch.zeros_like(pos)))
-            ids = torch.stack(cols, dim=1)
+            ids = self.kept_rows(ids)
         if self.has_read_caps:
             ids = torch.remainder(ids, self.read_caps)
         ids = torch.where(ids >= self.rows, torch.remainder(ids, self.rows), ids)
         return dense, ids
+
+    def kept_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Ids kept by the frequency threshold -> ``1 + rank`` among their table's kept ids,
+        every other id -> 0 (``searchsorted`` in each table's sorted ``vocab`` slice)."""
+        cols, start = [], 0
+        for j, size in enumerate(self.vocab_sizes):
+            kept = self.vocab[start : start + size]
+            start += size
+            col = ids[:, j].contiguous()
+            pos = torch.searchsorted(kept, col)
+            found = kept[pos.clamp(max=size - 1)] == col
+            cols.append(torch.where(found & (pos < size), pos + 1, torch.zeros_like(pos)))
+        return torch.stack(cols, dim=1)
 
 
 class RawScoringModel(nn.Module):

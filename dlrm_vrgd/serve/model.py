@@ -17,6 +17,9 @@ A model directory (written by :mod:`dlrm_vrgd.serve.export`)::
       weights.pt      state dict of ScoringModel (tensors only: torch.load(weights_only=True))
       vocab.npy       kept ids per table (only for data preprocessed with a frequency threshold)
       model.pt2       torch.export program of ScoringModel (dynamic batch size)
+      model_raw.pt2   torch.export program of RawScoringModel (raw integers in)
+      model.onnx, model_raw.onnx (+ .data: ONNX external data), model_repository/NAME/...
+                      ONNX graphs and a Triton model repository (serve/onnx.py)
 """
 
 from __future__ import annotations
@@ -49,6 +52,16 @@ VOCAB = "vocab.npy"
 PROGRAM = "model.pt2"
 #: ``torch.export`` of :class:`~dlrm_vrgd.serve.featurizer.RawScoringModel`: raw integers in.
 RAW_PROGRAM = "model_raw.pt2"
+#: ONNX graphs (:mod:`dlrm_vrgd.serve.onnx`), their external data, and the Triton repository
+ONNX = "model.onnx"
+RAW_ONNX = "model_raw.onnx"
+DATA_SUFFIX = ".data"
+TRITON_DIR = "model_repository"
+#: the files of a Triton repository a model directory may hold (NAME/config.pbtxt, NAME/1/...)
+_TRITON_FILE = re.compile(
+    r"^model_repository/[A-Za-z0-9_-]{1,64}/(config\.pbtxt|1/model\.onnx"
+    r"|1/model(_raw)?\.onnx\.data)$"
+)
 
 
 class ModelError(ValueError):
@@ -134,7 +147,8 @@ _MANIFEST_KEYS = {
     "step": int, "world_size": int, "torch": str, "files": dict,
 }  # fmt: skip
 _REQUIRED_FILES = (ARCH, CONFIG, FEATURES, WEIGHTS)
-_OPTIONAL_FILES = (VOCAB, PROGRAM, RAW_PROGRAM)
+_OPTIONAL_FILES = (VOCAB, PROGRAM, RAW_PROGRAM, ONNX, RAW_ONNX, ONNX + DATA_SUFFIX,
+                   RAW_ONNX + DATA_SUFFIX)  # fmt: skip
 _ARCH_KEYS = (
     "arch", "table_rows", "embedding_dim", "num_dense", "dense_arch", "over_arch",
     "dcn_num_layers", "dcn_low_rank_dim",
@@ -202,7 +216,7 @@ def _manifest_problem(manifest: Any) -> str | None:
         return "step or world_size out of range"
     names = set(manifest["files"])
     for name in names:
-        if name not in _REQUIRED_FILES + _OPTIONAL_FILES:
+        if name not in _REQUIRED_FILES + _OPTIONAL_FILES and not _TRITON_FILE.match(name):
             return "files lists a name that is not a model file"  # never echoed: any string
     for name in _REQUIRED_FILES:
         if name not in names:
@@ -234,7 +248,7 @@ def read_manifest(model_dir: Path, verify: bool = True) -> dict[str, Any]:
     if problem:
         raise ModelError(f"{path}: {problem}")
     if verify:
-        present = set(os.listdir(model_dir)) - {MANIFEST}
+        present = _present_files(model_dir) - {MANIFEST}
         listed = set(manifest["files"])
         if present - listed:
             raise ModelError(
@@ -243,6 +257,26 @@ def read_manifest(model_dir: Path, verify: bool = True) -> dict[str, Any]:
         for name, meta in manifest["files"].items():
             _verify_file(model_dir / name, meta)
     return manifest
+
+
+def _present_files(model_dir: Path) -> set[str]:
+    """The names (``a/b`` below a subdirectory) of everything in a model directory; only the
+    Triton repository may be a directory, and none of its entries a link."""
+    present = set(os.listdir(model_dir))
+    top = model_dir / TRITON_DIR
+    if TRITON_DIR not in present or top.is_symlink() or not top.is_dir():
+        return present
+    present.discard(TRITON_DIR)
+    stack = [(top, TRITON_DIR, 0)]
+    while stack:
+        folder, rel, depth = stack.pop()
+        for entry in os.scandir(folder):
+            name = f"{rel}/{entry.name}"
+            if entry.is_dir(follow_symlinks=False) and depth < 2:
+                stack.append((Path(entry.path), name, depth + 1))
+            else:  # a file (checked when verified), or a link or a folder too deep: unlisted
+                present.add(name)
+    return present
 
 
 def _verify_file(path: Path, meta: dict[str, Any]) -> None:

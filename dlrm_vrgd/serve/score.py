@@ -11,10 +11,13 @@ day files; any other directory stands for its files in natural order):
 * preprocessed day files (``dlrm-vrgd preprocess`` output made with the same rules as the model's
   training data; checked against its manifest).
 
-Raw text is read in blocks of ``block_bytes`` and parsed by ``workers`` threads (at most
-``workers + 1`` blocks in flight), mapped onto the model's tables
-(:mod:`dlrm_vrgd.serve.features`) and scored ``batch_rows`` rows at a time; predictions are
-appended to the output as they come, so memory does not grow with the input.
+Raw text is read in blocks of ``block_bytes`` by a reader thread into a bounded queue
+(:func:`~dlrm_vrgd.serve.pipeline.prefetch`), parsed by ``workers`` threads (at most
+``workers + 2`` blocks in flight), mapped onto the model's tables
+(:mod:`dlrm_vrgd.serve.features`) and scored ``batch_rows`` rows at a time by ONNX Runtime on
+``model.onnx`` or the torch module (``engine``, :func:`predictor`); reading, parsing and the
+model overlap, and predictions are appended to the output as they come, so memory does not grow
+with the input.
 
 Output (CSV, or Parquet when the name ends in ``.parquet``/``.pq`` or ``fmt="parquet"``): one
 row per scored input row, in input order, with columns ``file``, ``line`` (the line in the raw
@@ -34,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -63,10 +67,15 @@ from dlrm_vrgd.data.criteo.parse import ParsedBlock, ParseOptions, parse_block
 from dlrm_vrgd.rundir import atomic_write_json
 from dlrm_vrgd.serve import model as m
 from dlrm_vrgd.serve.features import FeatureError, FeatureMapper
+from dlrm_vrgd.serve.pipeline import prefetch
 
 logger = logging.getLogger(__name__)
 
 OutputFormat = Literal["csv", "parquet", "kaggle"]
+#: The model's forward: ``auto`` is onnxruntime where the model has ``model.onnx`` (on CPU).
+Engine = Literal["auto", "onnxruntime", "torch"]
+#: ``(dense B x 13 float32, sparse B x 26 int64 table rows)`` -> ``B`` probabilities
+Predict = Callable[[np.ndarray, np.ndarray], np.ndarray]
 #: The splits of a preprocessed directory as the model's training config cut it.
 Split = Literal["train", "val", "test"]
 _BAD_ROW_EXAMPLES = 20
@@ -346,6 +355,7 @@ def score(
     days: Sequence[int] | None = None,
     split: Split | None = None,
     input_root: str | Path | None = None,
+    engine: Engine = "auto",
 ) -> ScoreResult:
     """Score ``inputs`` with the model directory ``model_dir`` into ``out`` (module docstring).
 
@@ -355,7 +365,8 @@ def score(
     ``on_progress(rows, seconds, fraction of the input read)`` is called after every written
     block (for services). With ``input_root`` (the service's data root), every input file must
     be a regular file whose real path lies inside it, checked when the file is opened: a link,
-    or a path that leads out of the root, is refused (:class:`InputPathError`)."""
+    or a path that leads out of the root, is refused (:class:`InputPathError`). ``engine``:
+    the forward of ONNX Runtime on ``model.onnx`` or of the torch module (:func:`predictor`)."""
     t0 = time.perf_counter()
     out = Path(out).absolute()
     if out.exists() and not overwrite:
@@ -365,6 +376,7 @@ def score(
     if days is not None and split is not None:
         raise ValueError("--days and --split pick rows two ways: pass one")
     model, layout, vocab = m.load_scoring(model_dir, device)
+    predict = predictor(model_dir, model, engine, device, batch_rows, workers)
     mapper = FeatureMapper(layout, vocab)
     root = Path(input_root) if input_root is not None else None
     sources = resolve_inputs(inputs, input_format, labels, block_bytes, root)
@@ -408,10 +420,9 @@ def score(
     try:
         for src in sources:
             if isinstance(src, _Raw):
-                _score_raw(src, opts, mapper, model, writer, metrics, state, workers, block_bytes,
-                           batch_rows, device)  # fmt: skip
+                _score_raw(src, opts, mapper, predict, writer, metrics, state, workers, block_bytes)
             else:
-                _score_days(src, mapper, model, writer, metrics, state, batch_rows, device)
+                _score_days(src, mapper, predict, writer, metrics, state, batch_rows)
         if state.rows == 0:
             raise CriteoFormatError("the inputs hold no rows")
         writer.commit()
@@ -481,6 +492,33 @@ class _Progress:
 _DAY_ROW_BYTES = 13 * 4 + 26 * 8 + 4
 
 
+def predictor(
+    model_dir: str | Path,
+    model: m.ScoringModel,
+    engine: Engine,
+    device: str,
+    batch_rows: int,
+    threads: int | None = None,
+) -> Predict:
+    """The forward ``score`` runs: ONNX Runtime on ``model.onnx`` (``onnxruntime``, or
+    ``auto`` with the file present and ``device`` cpu), else the torch module ``model``."""
+    if engine not in ("auto", "onnxruntime", "torch"):
+        raise ValueError(f"--engine {engine!r}: not auto, onnxruntime or torch")
+    has_onnx = m.ONNX in m.read_manifest(Path(model_dir), verify=False)["files"]
+    if engine == "onnxruntime" or (engine == "auto" and has_onnx and device == "cpu"):
+        if not has_onnx:
+            raise m.ModelError(
+                f"{model_dir}: no {m.ONNX} for --engine onnxruntime (export it with --format "
+                "onnx or all, or pass --engine torch)"
+            )
+        from dlrm_vrgd.serve.onnx import OnnxScorer
+
+        logger.info("scoring with onnxruntime (%s)", m.ONNX)
+        return OnnxScorer(model_dir, device=device, batch_rows=batch_rows, threads=threads,
+                          verify=False)  # load_scoring verified every file  # fmt: skip
+    return lambda dense, sparse: _predict(model, dense, sparse, batch_rows, device)
+
+
 @torch.no_grad()
 def _predict(
     model: m.ScoringModel, dense: np.ndarray, sparse: np.ndarray, batch_rows: int, device: str
@@ -497,14 +535,12 @@ def _score_raw(
     src: _Raw,
     opts: ParseOptions,
     mapper: FeatureMapper,
-    model: m.ScoringModel,
+    predict: Predict,
     writer: _Output,
     metrics: StreamingMetrics | None,
     state: _Progress,
     workers: int | None,
     block_bytes: int,
-    batch_rows: int,
-    device: str,
 ) -> None:
     layout = src.layout
     name = str(src.path)
@@ -537,7 +573,7 @@ def _score_raw(
         nonlocal seen
         if len(parsed):
             sparse = mapper.raw_ids(parsed.sparse)
-            probs = _predict(model, parsed.dense, sparse, batch_rows, device)
+            probs = predict(parsed.dense, sparse)
             labels = parsed.labels if layout.labeled else None
             writer.write(name, lines + offset, ids, labels, probs)
             if metrics is not None and labels is not None:
@@ -545,19 +581,28 @@ def _score_raw(
         state.advance(position - seen, len(parsed))
         seen = position
 
+    if layout.has_header:
+        next_line = 2
+
+    def submitted(pool: ThreadPoolExecutor) -> Iterator[tuple[Future[Any], int]]:
+        """The reader thread's work: read each block, hand it to a parsing thread."""
+        first = True
+        for block in reader.blocks():
+            if first and layout.has_header:
+                del block[: block.find(b"\n") + 1]
+            first = False
+            yield pool.submit(work, block), reader.position
+
+    # a reader thread reads blocks and submits them for parsing, at most `workers` ahead of
+    # this thread, which maps ids and runs the model: the three overlap, in bounded memory
     with ThreadPoolExecutor(workers, thread_name_prefix="score-parse") as pool:
         try:
-            first = True
-            for block in reader.blocks():
-                if first and layout.has_header:
-                    del block[: block.find(b"\n") + 1]
-                    next_line = 2
-                first = False
-                pending.append((pool.submit(work, block), reader.position))
-                while len(pending) > workers:
+            ahead = prefetch(submitted(pool), workers, lambda item: item[0].cancel(),
+                             name="score-read")  # fmt: skip
+            with closing(ahead):
+                for item in ahead:
+                    pending.append(item)
                     consume()
-            while pending:
-                consume()
         except BaseException:
             for fut, _ in pending:
                 fut.cancel()
@@ -652,19 +697,18 @@ def _is_training_data(src: _Days, config: dict[str, Any]) -> bool:
 def _score_days(
     src: _Days,
     mapper: FeatureMapper,
-    model: m.ScoringModel,
+    predict: Predict,
     writer: _Output,
     metrics: StreamingMetrics | None,
     state: _Progress,
     batch_rows: int,
-    device: str,
 ) -> None:
     step = max(batch_rows, 65_536)
     for name, day, start, stop in _iter_days(src, mapper):
         for a in range(start, stop, step):
             b = min(a + step, stop)
             sparse = mapper.day_ids(np.array(day.sparse[a:b], dtype=np.int64))
-            probs = _predict(model, np.array(day.dense[a:b]), sparse, batch_rows, device)
+            probs = predict(np.array(day.dense[a:b]), sparse)
             labels = np.asarray(day.labels[a:b, 0], dtype=np.int32) if day.labeled else None
             writer.write(name, np.arange(a + 1, b + 1, dtype=np.int64), None, labels, probs)
             if metrics is not None and labels is not None:
