@@ -122,14 +122,22 @@ def child(global_batch: int, micro_batch: int, steps: int, threshold_kb: int | N
     # per phase (from the end of the previous one to its own end): RSS before, its own peak,
     # the row sums at its end
     phases: list[dict[str, Any]] = []
-    state = {"rss": built}
+    state = {"rss": built, "row_sums": 0}
 
     def after(name: str, fn: Any) -> Any:
         out = fn()
         rss, peak = _status()
         sums = sum(acc.size * row_bytes(acc) for acc in accs)
-        phases.append({"phase": name, "before": state["rss"], "peak": peak, "row_sums": sums})
-        state["rss"] = rss
+        phases.append(
+            {
+                "phase": name,
+                "before": state["rss"],
+                "peak": peak,
+                "row_sums_before": state["row_sums"],
+                "row_sums": sums,
+            }
+        )
+        state["rss"], state["row_sums"] = rss, sums
         _reset_peak()
         return out
 
@@ -144,14 +152,15 @@ def child(global_batch: int, micro_batch: int, steps: int, threshold_kb: int | N
     dense = tensor_bytes(params, [p.grad for p in params], do.state, vars(do))
     top = max(phases, key=lambda p: p["peak"])
     row_sums = max(p["row_sums"] for p in phases)
-    transient = top["peak"] - top["before"]
+    # the peak phase's own allocations, less the row sums it added (counted as row sums)
+    transient = top["peak"] - top["before"] - (top["row_sums"] - top["row_sums_before"])
     parts = {
         "runtime": built - tables - dense,
         "tables_and_state": tables,
         "dense": dense,
         "row_sums": top["row_sums"],
         "transient": transient,
-        "allocator": top["peak"] - built - top["row_sums"] - transient,
+        "allocator": top["before"] - built - top["row_sums_before"],  # retained, not alive
     }
     peak_micro = max(p["peak"] - p["before"] for p in phases if p["phase"] == "micro-batch")
     print(
