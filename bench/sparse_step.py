@@ -10,16 +10,22 @@ Adagrad states and one ``index_add_`` of ``(r − 1)·Δ`` into their weights. "
 the realised step ratio (taken on the steps whose GSNR a run records, every
 ``run.gsnr_every``). Target: GSNR ``update`` / fused <= 1.10.
 
-    python bench/sparse_step.py [--rows 8192] [--k 8] [--reps 7]
+The variants run interleaved within every repetition (A B C ..., then reversed), and each ratio
+is the median over repetitions of that repetition's pair of times, with its 95% order-statistic
+interval (common.median_interval): a run resolves a 5% difference when the interval is under
+±3%. ``--json`` writes the figures for ``bench/run_all.py --save``.
+
+    python bench/sparse_step.py [--rows 8192] [--k 8] [--reps 31] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import numpy as np
 import torch
-from common import interleaved_medians, print_table, threads
+from common import interleaved_times, paired_ratios, print_table, threads, write_result
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -34,7 +40,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=8192, help="global batch G")
     ap.add_argument("--k", type=int, default=8, help="micro-batches (gradient groups)")
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=31, help="repetitions of every variant")
+    ap.add_argument("--json", help="write the figures here (bench/run_all.py --save)")
     args = ap.parse_args()
     torch.set_num_threads(threads())
     g, k = args.rows, args.k
@@ -89,12 +96,15 @@ def main() -> None:
         "gsnr_telemetry": gsnr_telemetry,
         "gsnr_ema": gsnr_ema,
     }
-    med = interleaved_medians(variants, args.reps)
+    times = interleaved_times(variants, args.reps)
+    med = {n: statistics.median(ts) for n, ts in times.items()}
+    ratios = {n: paired_ratios(times, n, "fused") for n in variants if n != "fused"}
+    update_vs_gradient = paired_ratios(times, "gsnr_update", "gsnr_gradient")
     touched = sum(s["touched_rows"] for s in step_opt.summary())
     multi = sum(s["multi_group_rows"] for s in step_opt.summary())
     print(
         f"{T} tables x {N:,} rows x dim {D}; G = {g:,} rows as k = {k} micro-batches of {b:,}; "
-        f"{threads()} threads; median of {args.reps}"
+        f"{threads()} threads; {args.reps} interleaved repetitions"
     )
     print(f"touched rows per step: {touched:,} ({multi / touched:.0%} seen by >= 2 groups)")
     labels = {
@@ -105,8 +115,32 @@ def main() -> None:
         "gsnr_telemetry": "ours, GSNR update + realised-step-ratio telemetry",
         "gsnr_ema": "ours, GSNR EMA estimator, placement update",
     }
-    rows = [[labels[n], med[n] * 1e3, med[n] / med["fused"]] for n in variants]
-    print_table(["variant", "ms / step", "ratio to fused"], rows)
+    rows = [
+        [
+            labels[n],
+            med[n] * 1e3,
+            "1" if n == "fused" else f"{ratios[n].median:.3f}",
+            "" if n == "fused" else f"[{ratios[n].low:.3f}, {ratios[n].high:.3f}]",
+        ]
+        for n in variants
+    ]
+    print_table(["variant", "median ms / step", "ratio to fused", "95% interval"], rows)
+    print(f"\nupdate / gradient placement: {update_vs_gradient}")
+    worst = max(ratios.values(), key=lambda r: r.half_width)
+    print(f"widest interval: ±{worst.half_width:.1%} (resolves 5% when under ±3%)")
+    write_result(
+        args.json,
+        "sparse_step",
+        {
+            "rows": g,
+            "k": k,
+            "reps": args.reps,
+            "touched_rows": touched,
+            "ms": {n: m * 1e3 for n, m in med.items()},
+            "ratio_to_fused": ratios,
+            "update_vs_gradient": update_vs_gradient,
+        },
+    )
 
 
 if __name__ == "__main__":

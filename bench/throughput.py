@@ -12,19 +12,24 @@ Model: the Criteo-Kaggle-sized DLRM of DESIGN.md 6 (26 tables x 100k rows x 64, 
 
 Targets: ours(A=1) / reference >= 0.9 in rows/s; VRGD / plain at A = k <= 1.25 in step time.
 
-    python bench/throughput.py [--micro-batch 4096] [--k 8] [--reps 5]
+The four run interleaved within every repetition (A B C D, then reversed); each ratio is the
+median over repetitions of that repetition's pair, with its 95% order-statistic interval
+(common.median_interval). ``--json`` writes the figures for ``bench/run_all.py --save``.
+
+    python bench/throughput.py [--micro-batch 4096] [--k 8] [--reps 21] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from common import REPO, interleaved_medians, print_table, threads
+from common import REPO, interleaved_times, paired_ratios, print_table, threads, write_result
 
 from dlrm_vrgd.config import load_config
 from dlrm_vrgd.data.batch import Batch
@@ -83,7 +88,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--micro-batch", type=int, default=4096)
     ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=21, help="repetitions of every variant")
+    ap.add_argument("--json", help="write the figures here (bench/run_all.py --save)")
     args = ap.parse_args()
     torch.set_num_threads(threads())
     b, k = args.micro_batch, args.k
@@ -95,7 +101,7 @@ def main() -> None:
         ours_k = Trainer(config(b, k, PLAIN))
         vrgd_k = Trainer(config(b, k, VRGD))
         reference = ReferenceLoop(ours_1)
-        med = interleaved_medians(
+        times = interleaved_times(
             {
                 "reference": reference.train_step,
                 "ours_1": ours_1.train_step,
@@ -107,45 +113,38 @@ def main() -> None:
         )
     finally:
         dist.destroy_process_group()
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    # rows/s ratio of ours(A=1) to the reference = reference time / ours time (same B rows)
+    rate_1 = paired_ratios(times, "reference", "ours_1")
+    vrgd_over_plain = paired_ratios(times, "vrgd_k", "ours_k")
     ref_rate = b / med["reference"]
     rows = [
-        [
-            "torchrec reference (DMP + fused rowwise Adagrad + AdamW)",
-            b,
-            med["reference"],
-            ref_rate,
-            1.0,
-        ],
-        [
-            "ours, AdamW + rowwise Adagrad, A = 1",
-            b,
-            med["ours_1"],
-            b / med["ours_1"],
-            b / med["ours_1"] / ref_rate,
-        ],
-        [
-            f"ours, AdamW + rowwise Adagrad, A = {k}",
-            k * b,
-            med["ours_k"],
-            k * b / med["ours_k"],
-            k * b / med["ours_k"] / ref_rate,
-        ],
-        [
-            f"ours, VR-Adam + GSNR rowwise Adagrad, A = {k}",
-            k * b,
-            med["vrgd_k"],
-            k * b / med["vrgd_k"],
-            k * b / med["vrgd_k"] / ref_rate,
-        ],
+        ["torchrec reference (DMP + fused rowwise Adagrad + AdamW)", b, "reference"],
+        ["ours, AdamW + rowwise Adagrad, A = 1", b, "ours_1"],
+        [f"ours, AdamW + rowwise Adagrad, A = {k}", k * b, "ours_k"],
+        [f"ours, VR-Adam + GSNR rowwise Adagrad, A = {k}", k * b, "vrgd_k"],
+    ]
+    table = [
+        [label, n, med[name], n / med[name], n / med[name] / ref_rate] for label, n, name in rows
     ]
     print(
-        f"Kaggle-sized DLRM, micro-batch B = {b}, {threads()} threads, median of {args.reps} "
-        "interleaved steps"
+        f"Kaggle-sized DLRM, micro-batch B = {b}, {threads()} threads, {args.reps} interleaved "
+        "repetitions (medians)"
     )
-    print_table(["variant", "rows/step", "s/step", "rows/s", "rows/s vs reference"], rows)
-    print(f"\nours(A=1) / reference rows/s: {rows[1][4]:.3f}   (target >= 0.9)")
-    print(
-        f"VRGD / plain step time at A = {k}: {med['vrgd_k'] / med['ours_k']:.3f}   (target <= 1.25)"
+    print_table(["variant", "rows/step", "s/step", "rows/s", "rows/s vs reference"], table)
+    print(f"\nours(A=1) / reference rows/s: {rate_1}   (target >= 0.9)")
+    print(f"VRGD / plain step time at A = {k}: {vrgd_over_plain}   (target <= 1.25)")
+    write_result(
+        args.json,
+        "throughput",
+        {
+            "micro_batch": b,
+            "k": k,
+            "reps": args.reps,
+            "s_per_step": med,
+            "ours_1_vs_reference_rows_per_s": rate_1,
+            "vrgd_vs_plain_step_time": vrgd_over_plain,
+        },
     )
 
 

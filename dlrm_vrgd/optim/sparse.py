@@ -41,8 +41,11 @@ follows the code; one departure, for a sparse kernel: the decay reaches the touc
 (their dense Keras regularizer decays every row at every step). See docs/cowclip.md.
 
 Memory: an ``int32`` slot per table row (the size of the row-wise Adagrad state), two floats
-per row for the EMA estimator, plus ``O(touched rows x D)`` for the step's sums (and, with
-CowClip, one ``int64`` count per touched row and a gather of the touched rows' weights).
+per row for the EMA estimator, plus the step's sums: ``4·D + 16`` bytes per touched row
+(:class:`RowAccumulator`; with CowClip 8 more, its id count). The step's ``rows x D``
+temporaries (the blend's ``Δ``, the telemetry's weights before and after, CowClip's gathered
+weights) are taken ``chunk_rows`` rows at a time, so they are bounded by the chunk, not by the
+touched rows; what else spans the step is ``O(touched rows)`` scalars (ratios, table indices).
 """
 
 from __future__ import annotations
@@ -303,6 +306,11 @@ def add_table_sums(
         noise_sums[i].index_add_(0, at, per_space.to(noise_sums.device))
 
 
+def _chunks(n: int, size: int) -> list[slice]:
+    """``[0, n)`` as consecutive slices of at most ``size``."""
+    return [slice(start, start + size) for start in range(0, n, size)]
+
+
 class SparseRowwiseOptimizer:
     """One row-wise update of every touched embedding row per global step, optionally scaled by
     the row's gradient signal-to-noise ratio (DESIGN.md 4.3).
@@ -480,46 +488,82 @@ class SparseRowwiseOptimizer:
         scale each damped row's step by its ratio: the kernel moves the row by its plain step
         ``Δ`` (:func:`plain_step`, from the row's state after the kernel), and ``(r_row − 1)·Δ``
         is then added, so the row ends at ``w_before + r_row·Δ`` (rows at ratio 1 keep the
-        kernel's result bit for bit). One gather of the damped rows' states and one
-        ``index_add_`` of their weights: no copy of the weights. With ``measure_steps``, adds
-        the realised step ratio of every table to ``entries``: ``‖w_after − w_before‖``, read
-        from the weights, over the plain step's norm."""
+        kernel's result bit for bit). With ``measure_steps``, adds the realised step ratio of
+        every table to ``entries``: ``‖w_after − w_before‖``, read from the weights, over the
+        plain step's norm.
+
+        Rows are independent, so blending and measuring go ``chunk_rows`` rows at a time: the
+        ``U x D`` temporaries (weights before, ``Δ``, weights after) are ``chunk_rows x D``
+        each, whatever the number of touched rows ``U``; only ``O(U)`` scalars (the per-row
+        step norms) span the step."""
         blend = self.gsnr and self.placement == "update" and self.gamma < 1.0
         measure = self.gsnr and self.measure_steps
         if not (blend or measure):
             with torch.enable_grad():
                 lookup.apply_rows(rows, updates, lr, self.chunk_rows)
             return
-        before = [lookup.gather_rows(s, r) if measure else None for s, r in enumerate(rows)]
-        states = [
-            lookup.gather_states(s, r) if measure and not blend else None
-            for s, r in enumerate(rows)
-        ]  # fmt: skip
-        with torch.enable_grad():
-            lookup.apply_rows(rows, updates, lr, self.chunk_rows)
         layout = lookup.capture.layout
         for s, (space, r, ratio) in enumerate(zip(layout.spaces, rows, ratios, strict=True)):
-            if blend:  # the kernel moved the rows by Δ; add (r_row − 1)·Δ
-                # to the damped rows (to every touched row when measuring: + 0 at ratio 1)
-                grad, idx, r_rows = updates[s], r, ratio
-                if not measure:
-                    k = (ratio < 1.0).nonzero().squeeze(1)
-                    grad, idx, r_rows = grad[k], r[k], ratio[k]
-                state = lookup.gather_states(s, idx)  # after the kernel
-                delta = plain_step(lookup.kernel, lr, lookup.eps, grad, state)
-                if measure:
-                    plain = torch.linalg.vector_norm(delta, dim=1)
-                lookup.add_rows(s, idx, delta.mul_((r_rows - 1.0)[:, None]))
+            actual, plain = [], []
+            for part in _chunks(r.numel(), self.chunk_rows):
+                a, p = self._apply_chunk(
+                    lookup, s, r[part], updates[s][part], ratio[part], lr, blend, measure
+                )
+                actual.append(a)
+                plain.append(p)
             if not measure:
                 continue
-            actual = torch.linalg.vector_norm(lookup.gather_rows(s, r) - before[s], dim=1)
-            if not blend:
-                mean = updates[s] / ratio[:, None]  # the unscaled ḡ_row (ratio >= γ > 0)
-                plain = plain_step_norm(lookup.kernel, lr, lookup.eps, mean, states[s])
+            empty = torch.zeros(0, device=r.device)
+            actual_all = torch.cat(actual) if actual else empty
+            plain_all = torch.cat(plain) if plain else empty
             table_ix = space.table_index(r)
             for i, t in enumerate(space.tables):
                 sel = table_ix == i
-                entries[t].update(step_ratio_summary(actual[sel], plain[sel]))
+                entries[t].update(step_ratio_summary(actual_all[sel], plain_all[sel]))
+
+    def _apply_chunk(
+        self,
+        lookup: RowwiseLookup,
+        s: int,
+        r: torch.Tensor,
+        update: torch.Tensor,
+        ratio: torch.Tensor,
+        lr: float,
+        blend: bool,
+        measure: bool,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """:meth:`_apply` on rows ``r`` (C, unique) of row space ``s`` alone: the kernel, the
+        blend, and with ``measure`` the rows' ``(‖actual step‖, ‖plain step‖)`` (C each)."""
+        before = lookup.gather_rows(s, r) if measure else None
+        state_before = lookup.gather_states(s, r) if measure and not blend else None
+        spaces = lookup.capture.layout.spaces
+        only_rows = [r if i == s else r.new_zeros(0) for i in range(len(spaces))]
+        only_grads = [
+            update if i == s else update.new_zeros(0, sp.dim) for i, sp in enumerate(spaces)
+        ]
+        with torch.enable_grad():
+            lookup.apply_rows(only_rows, only_grads, lr, self.chunk_rows)
+        plain = None
+        if blend:  # the kernel moved the rows by Δ; add (r_row − 1)·Δ
+            # to the damped rows (to every touched row when measuring: + 0 at ratio 1)
+            grad, idx, r_rows = update, r, ratio
+            if not measure:
+                k = (ratio < 1.0).nonzero().squeeze(1)
+                grad, idx, r_rows = grad[k], r[k], ratio[k]
+            state = lookup.gather_states(s, idx)  # after the kernel
+            delta = plain_step(lookup.kernel, lr, lookup.eps, grad, state)
+            if measure:
+                plain = torch.linalg.vector_norm(delta, dim=1)
+            lookup.add_rows(s, idx, delta.mul_((r_rows - 1.0)[:, None]))
+            del delta
+        if not measure:
+            return None, None
+        assert before is not None
+        actual = torch.linalg.vector_norm(lookup.gather_rows(s, r).sub_(before), dim=1)
+        if not blend:
+            mean = update / ratio[:, None]  # the unscaled ḡ_row (ratio >= γ > 0)
+            plain = plain_step_norm(lookup.kernel, lr, lookup.eps, mean, state_before)
+        return actual, plain
 
     def _step_space(
         self,
@@ -566,7 +610,18 @@ class SparseRowwiseOptimizer:
         factor_sum = torch.zeros(n_tables, dtype=torch.float64)
         if self.cowclip is not None and rows.numel():
             assert id_counts is not None
-            factor = cowclip_rows(update, lookup.gather_rows(s, rows), id_counts, self.cowclip)
+            # a chunk at a time: the touched rows' weights are gathered chunk_rows x D at once
+            factor = torch.cat(
+                [
+                    cowclip_rows(
+                        update[c],
+                        lookup.gather_rows(s, rows[c]),
+                        id_counts[c],
+                        self.cowclip,
+                    )
+                    for c in _chunks(rows.numel(), self.chunk_rows)
+                ]
+            )
             clipped.index_add_(0, table_ix.cpu(), (factor < 1.0).double().cpu())
             factor_sum.index_add_(0, table_ix.cpu(), factor.double().cpu())
         counts = torch.bincount(table_ix, minlength=n_tables).tolist()

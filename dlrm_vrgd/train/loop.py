@@ -49,7 +49,7 @@ from dlrm_vrgd.train.distributed import (
     sharded_lookups,
 )
 from dlrm_vrgd.train.evaluate import EvalBatch, evaluate_share, rank_share
-from dlrm_vrgd.train.malloc import set_mmap_threshold
+from dlrm_vrgd.train.malloc import release_free_memory, set_mmap_threshold
 
 logger = logging.getLogger(__name__)
 
@@ -231,6 +231,8 @@ class Trainer:
             self.dense_opt.collect()
             self.sparse_opt.collect()
             losses.append(loss.detach())
+            del batch, loss  # the micro-batch's buffers are free: return their pages
+            release_free_memory()
         loss = all_mean(float(torch.stack(losses).mean()), self.env)
         if not math.isfinite(loss):  # every rank sees the same mean: all stop together
             raise NonFiniteError(

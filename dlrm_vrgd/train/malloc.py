@@ -1,4 +1,4 @@
-"""glibc's mmap threshold: trading speed for resident memory that does not creep.
+"""glibc's allocator: resident memory that does not creep over the micro-batches of a step.
 
 Every micro-batch allocates and frees the same large activation and gradient buffers. glibc
 serves allocations below its *adaptive* mmap threshold (which climbs up to 32 MiB as large
@@ -8,6 +8,13 @@ fragments, so over many micro-batches the resident set creeps up (measured by be
 sends every allocation above it to ``mmap``, returned to the system when freed: resident memory
 then tracks what is alive, at the price of page faults on every large allocation (slower steps).
 ``run.malloc_mmap_threshold_kb`` chooses; 0 keeps glibc's adaptive default.
+
+By default the trainer instead calls :func:`release_free_memory` (``malloc_trim(0)``) after
+every micro-batch: at that point the micro-batch's buffers are all free, and glibc hands the
+pages of its free heap chunks back to the system (``madvise(MADV_DONTNEED)``) while keeping the
+address space. The heap keeps its fast reuse within a micro-batch; what is retained across
+micro-batches is then what is alive (the step's row sums), not the fragments (bench/memory.py
+measures both; the cost is one call and the pages re-touched in the next micro-batch).
 """
 
 from __future__ import annotations
@@ -19,16 +26,35 @@ import sys
 logger = logging.getLogger(__name__)
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+_LIBC: ctypes.CDLL | None = None
+
+
+def _libc() -> ctypes.CDLL | None:
+    global _LIBC
+    if _LIBC is None and sys.platform.startswith("linux"):
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+        except OSError:
+            return None
+    return _LIBC
+
+
+def release_free_memory() -> bool:
+    """Hand the pages of glibc's free heap memory back to the system (``malloc_trim(0)``);
+    False where there is no glibc or nothing was released."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return False
+    return bool(libc.malloc_trim(0))
 
 
 def set_mmap_threshold(kib: int) -> bool:
     """Fix glibc's mmap threshold at ``kib`` KiB; False where that is not possible (not
     Linux/glibc) or not asked for (``kib == 0``)."""
-    if kib <= 0 or not sys.platform.startswith("linux"):
+    if kib <= 0:
         return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
+    libc = _libc()
+    if libc is None:
         return False
     ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, kib * 1024))
     if not ok:
