@@ -56,7 +56,9 @@ def load(file: str) -> dict[str, Any]:
 
 def test_the_benchmarks_page_quotes_saved_figures() -> None:
     docs = {doc for doc, *_ in quoted_figures()}
-    assert docs == set(DOCS), f"no marked figure in {set(DOCS) - docs}"
+    # the benchmarks page quotes the saved run; the README's short table may quote it (checked
+    # below when it does) or point to the page's earlier-runs table, which says they are stale
+    assert "docs/benchmarks.md" in docs, "no marked figure in docs/benchmarks.md"
 
 
 @pytest.mark.parametrize(
