@@ -224,7 +224,7 @@ def test_exported_criteo_model_scores_raw_counts_through_the_log_transform(
     that fed the raw counts (or ``x + 5``, no log) would be far off: the counts reach hundreds."""
     from dlrm_vrgd.data.criteo.format import format_criteo_text
 
-    from ..data.test_criteo import make_rows
+    from ..data.criteo.test_criteo import make_rows
     from .test_score import Trained, read_csv
 
     t = Trained(tmp_path / "criteo")
@@ -252,7 +252,7 @@ def test_exported_criteo_model_scores_raw_counts_through_the_log_transform(
     from dlrm_vrgd.data.batch import Batch
     from dlrm_vrgd.data.rows import Rows
 
-    from ..data.test_criteo import expected
+    from ..data.criteo.test_criteo import expected
 
     sparse = expected(None, ints, cats, cap=50)["sparse"] % 40
     unlogged = (np.maximum(ints.filled(0), -3) + 5).astype(np.float32)

@@ -37,7 +37,7 @@ from dlrm_vrgd.train.distributed import DistEnv
 from dlrm_vrgd.train.evaluate import rank_share
 
 from ..conftest import tiny_config
-from ..data.test_criteo import make_rows
+from ..data.criteo.test_criteo import make_rows
 from ..dist_utils import run_ranks
 from .test_export import EVAL_ROWS, _two_rank_run, eval_probs, train_and_save
 from .test_score import Trained
@@ -63,7 +63,14 @@ class Variant:
     sparse: torch.Tensor
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+# column-wise (dim 256, two ranks) is the slowest variant to train: `make test-slow` runs it
+SLOW_VARIANTS = {"2rank-column_wise"}
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(v, marks=pytest.mark.slow) if v in SLOW_VARIANTS else v for v in VARIANTS],
+)
 def variant(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Variant:
     world, overrides = VARIANTS[request.param]
     tmp = tmp_path_factory.mktemp(request.param)
