@@ -112,7 +112,7 @@ def test_split_cuts_one_input_into_train_val_test_days(tmp_path: Path) -> None:
         np.testing.assert_array_equal(np.load(out / f"day_{day}_sparse.npy"), want[a:b])
 
     # the shipped small real-Criteo config, on this directory
-    config = Path(__file__).resolve().parents[2] / "configs" / "criteo_small.yaml"
+    config = Path(__file__).resolve().parents[3] / "configs" / "criteo_small.yaml"
     run_dir = tmp_path / "run"
     proc = cli("train", "--config", str(config), "--out", str(run_dir), "--set",
                f"data.path={out}", "--set", "run.epochs=1")  # fmt: skip
