@@ -171,6 +171,7 @@ def test_the_readme_tour_runs_from_a_fresh_directory(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------- the docs' pages
+@pytest.mark.slow  # trains twice from a fresh directory; the README's tour (in CI) covers the path
 def test_run_a_job_commands_run_in_order_from_a_fresh_directory(tmp_path: Path) -> None:
     cmds = commands(section(page("getting-started.md"), "Run a job"))
     # every command uses the demo config, but `advise`, which reads a run the block trained

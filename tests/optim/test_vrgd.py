@@ -311,7 +311,15 @@ def _cross_rank_worker(rank: int, world: int, cls_name: str, a: int) -> list[tor
     return [p.detach() for p in params]
 
 
-@pytest.mark.parametrize("cls", [VRSGD, VRAdam, VRLAMB])
+# one optimizer in CI (the collectives are the same for all three); all three in make test-slow
+@pytest.mark.parametrize(
+    "cls",
+    [
+        pytest.param(VRSGD, marks=pytest.mark.slow),
+        VRAdam,
+        pytest.param(VRLAMB, marks=pytest.mark.slow),
+    ],
+)
 def test_two_ranks_equal_one_rank_with_twice_the_groups(cls, tmp_path) -> None:
     from ..dist_utils import run_ranks
 

@@ -100,7 +100,9 @@ def _two_rank_run(rank: int, world: int, cfg_dict: dict[str, Any], run: str) -> 
     return probs[valid]
 
 
-@pytest.mark.parametrize("sharding", ["table_wise", "column_wise"])
+@pytest.mark.parametrize(
+    "sharding", ["table_wise", pytest.param("column_wise", marks=pytest.mark.slow)]
+)
 def test_two_rank_sharded_export_gives_the_trainers_probabilities(
     tmp_path: Path, sharding: str
 ) -> None:

@@ -9,6 +9,8 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from service.client import ServiceClient
 from service.jobs.backends import process
 from service.jobs.backends.local import JOB_ENV
@@ -32,6 +34,7 @@ def trainer_pid(job_id: str) -> int | None:
     return None
 
 
+@pytest.mark.slow  # a real retried job behind a browser; test_retries covers the retry in CI
 def test_the_job_page_lists_the_attempts_of_a_retried_job(
     start_service: Callable[..., LocalService],
     client_of: Callable[[LocalService], ServiceClient],

@@ -70,7 +70,11 @@ def _steps(run: Path) -> list[int]:
     return [r["step"] for r in read_jsonl(metrics) if r.get("kind") == "train"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+# SIGTERM (what the service and Slurm send) in CI; Ctrl-C too in make test-slow (test_cli has a
+# one-rank Ctrl-C in CI)
+@pytest.mark.parametrize(
+    "sig", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM]
+)
 def test_ctrl_c_or_sigterm_of_a_multi_rank_run_ends_it_resumably(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
