@@ -12,7 +12,6 @@ service (no store, no data directory is touched).
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import re
 import sys
@@ -26,7 +25,13 @@ for path in (ROOT, HERE):  # this checkout's packages; the config generator besi
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from gen_config_reference import constraints_of, literal, type_of  # noqa: E402
+from gen_config_reference import (  # noqa: E402
+    constraints_of,
+    generate,
+    literal,
+    splice_between,
+    type_of,
+)
 
 PAGE = ROOT / "docs" / "api.md"
 BEGIN = (
@@ -157,31 +162,12 @@ def render(schema: dict[str, Any] | None = None) -> str:
 
 
 def splice(page: str, generated: str) -> str:
-    start, end = page.find(BEGIN), page.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"{PAGE}: the markers of the generated reference are missing")
-    return page[:start] + generated + page[end + len(END) :]
+    return splice_between(page, generated, BEGIN, END, PAGE)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--check", action="store_true", help="exit 1 if the page differs from the schema's"
-    )
-    args = parser.parse_args(argv)
-    page = PAGE.read_text()
-    want = splice(page, render())
-    if args.check:
-        if want != page:
-            print(
-                f"{PAGE.relative_to(ROOT)} is out of date with the service's routes: "
-                "run `make reference` (python docs/gen_api_reference.py)",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    PAGE.write_text(want)
-    return 0
+    page_text = lambda page: splice(page, render())  # noqa: E731
+    return generate(argv, __file__, __doc__, PAGE, page_text, "the service's routes")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import math
 import re
 import sys
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,33 +259,54 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def splice(page: str, generated: str) -> str:
-    """``page`` with the text between the markers replaced by ``generated``."""
-    start, end = page.find(BEGIN), page.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"{PAGE}: the markers of the generated reference are missing")
-    return page[:start] + generated + page[end + len(END) :]
+def splice_between(page: str, generated: str, begin: str, end: str, name: Path) -> str:
+    """``page`` with the text from ``begin`` through ``end`` replaced by ``generated`` (which
+    carries the markers itself); shared by both reference generators."""
+    start, stop = page.find(begin), page.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"{name}: the markers of the generated reference are missing")
+    return page[:start] + generated + page[stop + len(end) :]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def generate(
+    argv: list[str] | None,
+    script: str,
+    doc: str,
+    page_path: Path,
+    page_text: Callable[[str], str],
+    source: str,
+) -> int:
+    """The command line of the reference generator ``script`` (its ``__file__``): rewrite
+    ``page_path`` as ``page_text`` makes it, or with ``--check`` exit 1 (naming ``source``) if
+    it differs."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument(
         "--check", action="store_true", help="exit 1 if the page differs from the schema's"
     )
     args = parser.parse_args(argv)
-    page = PAGE.read_text()
-    want = splice(page, render())
+    page = page_path.read_text()
+    want = page_text(page)
     if args.check:
         if want != page:
             print(
-                f"{PAGE.relative_to(ROOT)} is out of date with dlrm_vrgd/config.py: "
-                "run `make reference` (python docs/gen_config_reference.py)",
+                f"{page_path.relative_to(ROOT)} is out of date with {source}: "
+                f"run `make reference` (python docs/{Path(script).name})",
                 file=sys.stderr,
             )
             return 1
         return 0
-    PAGE.write_text(want)
+    page_path.write_text(want)
     return 0
+
+
+def splice(page: str, generated: str) -> str:
+    """``page`` with the text between the markers replaced by ``generated``."""
+    return splice_between(page, generated, BEGIN, END, PAGE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    page_text = lambda page: splice(page, render())  # noqa: E731
+    return generate(argv, __file__, __doc__, PAGE, page_text, "dlrm_vrgd/config.py")
 
 
 if __name__ == "__main__":
