@@ -99,7 +99,13 @@ class EventFile:
         self._writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        """Flush and close. tensorboardX's ``EventsWriter.close`` flushes first and never closes
+        the file when that flush fails (a full disk), leaving it to the garbage collector: the
+        file is closed here whatever the flush does."""
+        try:
+            self._writer.flush()
+        finally:
+            self._writer._py_recordio_writer.close()
 
     def write_summary(self, summary: Any, step: int, wall_time: float) -> None:
         self._summary(summary, step, wall_time)

@@ -280,3 +280,22 @@ def test_a_failing_writer_is_logged_once_and_training_goes_on(
 def test_tensorboard_off_writes_no_tb_dir(tmp_path: Path) -> None:
     train(tiny_config("run.tensorboard=false", "run.steps=1"), tmp_path)
     assert (tmp_path / "result.json").exists() and not (tmp_path / "tb").exists()
+
+
+def test_an_event_file_is_closed_even_when_its_last_flush_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk at the end of a run: the flush fails, the error reaches the caller, and the
+    file is closed anyway (not left to the garbage collector)."""
+    from dlrm_vrgd.tracking.tensorboard_sink import EventFile
+
+    events = EventFile(tmp_path / "tb")
+    raw = events._writer._py_recordio_writer._writer
+
+    def full_disk() -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(events._writer, "flush", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        events.close()
+    assert raw.closed
