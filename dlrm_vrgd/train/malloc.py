@@ -20,23 +20,24 @@ measures both; the cost is one call and the pages re-touched in the next micro-b
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import sys
 
 logger = logging.getLogger(__name__)
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-_LIBC: ctypes.CDLL | None = None
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
-    global _LIBC
-    if _LIBC is None and sys.platform.startswith("linux"):
-        try:
-            _LIBC = ctypes.CDLL("libc.so.6")
-        except OSError:
-            return None
-    return _LIBC
+    """glibc, loaded once; None (also remembered) where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
 
 
 def release_free_memory() -> bool:
