@@ -434,12 +434,16 @@ def test_first_malformed_line_is_reported(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "name, data, message",
     [
-        ("truncated.gz", gzip.compress(("\n".join([line(ROW)] * 200) + "\n").encode())[:-30],
+        # mtime=0: the bytes, and so the test's id, must not depend on the clock, or the
+        # pytest-xdist workers collect different tests and the run stops
+        ("truncated.gz",
+         gzip.compress(("\n".join([line(ROW)] * 200) + "\n").encode(), mtime=0)[:-30],
          "gzip stream ends early"),
         ("corrupt.gz", b"\x1f\x8b\x08\x00" + b"\x00" * 40, "corrupt gzip data"),
         ("header.csv", b"Id,Label,I1,I2\n1,0,1,2\n", "unrecognized header"),
         ("blob.bin", b"\x00" * 100, "neither tabs nor commas"),
     ],
+    ids=["truncated.gz", "corrupt.gz", "header.csv", "blob.bin"],
 )  # fmt: skip
 def test_unreadable_inputs_leave_nothing(
     tmp_path: Path, name: str, data: bytes, message: str
