@@ -8,7 +8,9 @@ with a literal name.
   ``model`` and ``torch_model`` never do;
 - nothing in ``dlrm_vrgd`` imports ``service``;
 - ``optim``, ``rundir`` and ``checkpoint`` import only what their rows of :data:`MAY_IMPORT`
-  name.
+  name;
+- every import of our own code anywhere in the checkout (tests and benches too) names a module,
+  or a name defined in one, that is there: a module moved without its imports inside functions.
 
 ``python tests/test_layering.py [ROOT]`` prints the violations of another checkout (e.g. the
 main branch) and exits 1 if there are any.
@@ -167,6 +169,71 @@ def test_imports_are_all_found(tmp_path: Path) -> None:
         "dlrm_vrgd.embedding.capture)",
         "dlrm_vrgd/rundir/files.py:1: dlrm_vrgd.rundir.files imports dlrm_vrgd.config "
         "(dlrm_vrgd.rundir may import only dlrm_vrgd.rundir)",
+    ]
+
+
+def top_level_names(path: Path) -> set[str] | None:
+    """What ``from module import name`` may take from ``path`` (its top-level definitions,
+    assignments and imports), or None when it cannot be known (a star import, ``__getattr__``)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.add(alias.asname or alias.name.split(".")[0])
+        else:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+    return None if "__getattr__" in names else names
+
+
+def source_of(root: Path, name: str) -> Path | None:
+    """The file of module ``name`` in the checkout at ``root``, if it is one."""
+    rel = Path(*name.split("."))
+    for candidate in (root / rel / "__init__.py", (root / rel).with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def unresolved(root: Path) -> list[str]:
+    """Imports of our own modules, anywhere in the checkout's Python, that name a module or a
+    name that is not there (a move that missed an import inside a function)."""
+    found = []
+    for top in ("dlrm_vrgd", "service", "tests", "bench", "docs"):
+        for path in sorted((root / top).rglob("*.py")):
+            for line, name in imports(root, path):
+                if not name.startswith(("dlrm_vrgd.", "service.")) or source_of(root, name):
+                    continue
+                parent, _, leaf = name.rpartition(".")
+                module = source_of(root, parent)
+                names = top_level_names(module) if module is not None else set()
+                if names is not None and leaf not in names:
+                    found.append(f"{path.relative_to(root)}:{line}: no {name}")
+    return found
+
+
+def test_every_import_of_our_own_code_resolves() -> None:
+    assert unresolved(ROOT) == []
+
+
+def test_an_import_of_a_moved_module_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "dlrm_vrgd" / "data").mkdir(parents=True)
+    (tmp_path / "dlrm_vrgd" / "data" / "__init__.py").write_text("")
+    (tmp_path / "dlrm_vrgd" / "data" / "rows.py").write_text("def parse():\n    pass\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "from dlrm_vrgd.data.rows import parse\n"
+        "def test():\n    from dlrm_vrgd.data.criteo_format import fmt\n"
+        "    from dlrm_vrgd.data.rows import gone\n"
+    )
+    assert unresolved(tmp_path) == [
+        "tests/test_x.py:3: no dlrm_vrgd.data.criteo_format.fmt",
+        "tests/test_x.py:4: no dlrm_vrgd.data.rows.gone",
     ]
 
 

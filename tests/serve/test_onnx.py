@@ -194,7 +194,7 @@ def test_raw_graph_and_score_with_onnxruntime_equal_torch(raw: Trained, tmp_path
     # the real CLI, both engines, labelled rows of the training files (mostly kept ids) and
     # fresh ones: the same rows in the same order, the same metrics
     labels, ints, cats = make_rows(600, 46)
-    from dlrm_vrgd.data.criteo_format import format_criteo_text
+    from dlrm_vrgd.data.criteo.format import format_criteo_text
 
     fresh = tmp_path / "fresh.tsv"
     fresh.write_bytes(format_criteo_text(labels, ints, cats))
@@ -267,7 +267,7 @@ def test_an_altered_onnx_model_is_refused(variant: Variant, tmp_path: Path) -> N
     with pytest.raises(ModelError, match=r"model\.onnx: SHA-256 differs from the manifest"):
         OnnxScorer(model)
     rows = tmp_path / "rows.tsv"
-    from dlrm_vrgd.data.criteo_format import format_criteo_text
+    from dlrm_vrgd.data.criteo.format import format_criteo_text
 
     rows.write_bytes(format_criteo_text(*make_rows(5, 1)))
     onnx_file.write_bytes(data)
