@@ -23,7 +23,7 @@ demo: setup
 	$(BIN)/dlrm-vrgd demo
 
 test: setup
-	$(BIN)/python -m pytest -m "not slow and not docker" -q -n 2 --dist loadgroup --durations=15
+	$(BIN)/python -m pytest -m "not slow and not docker" -q -n 2 --dist loadgroup --durations=40
 
 # The CPU image built and run with Compose (tests/deploy/test_image.py): needs Docker.
 test-docker: setup

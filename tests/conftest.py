@@ -90,9 +90,12 @@ def fill_disk(fs: Path, leave: int) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``pytest -n`` (xdist, as ``make test`` runs), every test of the real two-node
-    Slurm runs on one worker (``--dist loadgroup``), so the run starts one cluster, not one per
-    worker."""
+    """Under ``pytest -n`` (xdist, as ``make test`` runs, ``--dist loadgroup``): every test of
+    the real two-node Slurm runs on one worker, so the run starts one cluster, not one per
+    worker; every other test runs on the worker of its module's other tests, so a module-scoped
+    fixture (a trained model, a dashboard, a service) is built once, not once per worker."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
