@@ -69,7 +69,8 @@ def test_train_job_model_artifact_and_a_score_job(
         assert err.value.status_code == 422 and err.value.detail[0]["field"] == field
 
     job = client.submit("score", {"model_job": train["id"], "inputs": ["new.tsv"]}, kind="score")
-    assert job["kind"] == "score"
+    assert job["kind"] == "score" and job["max_retries"] == 0  # train jobs: 1 (issue 27)
+    assert train["max_retries"] == 1
     done = client.wait(job["id"])
     assert done["state"] == "succeeded", done["error"]
     assert done["progress"]["rows"] == 250 and done["progress"]["fraction"] == 1.0
@@ -88,3 +89,22 @@ def test_train_job_model_artifact_and_a_score_job(
     with pytest.raises(ApiError) as err:
         client.model(job["id"])  # a score job has no model
     assert err.value.status_code == 404
+
+    # a link in a directory input, pointing out of the data root (issue 24 case 4): the submit
+    # check passes (the directory is inside), the job refuses the link when it runs, names the
+    # file relative to the data directory and echoes nothing of the linked file
+    secret = tmp_path / "outside" / "secret.tsv"
+    secret.parent.mkdir()
+    secret.write_bytes(b"SECRET-0123456789\tTOKEN-abcdef\n")
+    (data_root / "inputs").mkdir()
+    (data_root / "inputs" / "day_0.tsv").write_bytes(format_criteo_text(labels, ints, cats))
+    (data_root / "inputs" / "leak.tsv").symlink_to(secret)
+    linked = client.submit("linked", {"model_job": train["id"], "inputs": ["inputs"]},
+                           kind="score")  # fmt: skip
+    failed = client.wait(linked["id"])
+    assert failed["state"] == "failed" and failed["attempt"] == 1, failed
+    assert "data/inputs/leak.tsv: a symlink" in failed["error"], failed["error"]
+    logs = client.logs(linked["id"], tail=1000)
+    for shown in (failed["error"], logs):
+        assert "SECRET" not in shown and "TOKEN" not in shown and str(tmp_path) not in shown
+    assert not (tmp_path / "data" / "jobs" / linked["id"] / "run" / "predictions.csv").exists()
