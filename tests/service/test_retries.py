@@ -129,6 +129,7 @@ def test_a_retried_post_with_one_submission_id_makes_one_job(
         ({"gpus_per_node": 4}, "slurm.gpus_per_node"),
         ({"exclusive": "yes"}, "slurm.exclusive"),
         ({"cpus_per_task": 0}, "slurm.cpus_per_task"),
+        ({"cpus_per_task": "8"}, "slurm.cpus_per_task"),
         ({"mem": "64 GB"}, "slurm.mem"),
         ({"extra_flags": ["--job-name=x"]}, "slurm.extra_flags"),
         ({"nodes": 2}, "slurm.nodes"),

@@ -19,7 +19,7 @@ from dlrm_vrgd.data.criteo.format import format_criteo_text
 from dlrm_vrgd.data.criteo.preprocess import preprocess
 from dlrm_vrgd.data.rows import Rows
 from dlrm_vrgd.serve.model import load_model
-from service.client import ApiError, ServiceClient
+from service.client import API, ApiError, ServiceClient
 from service.launcher import LocalService
 
 from ..conftest import tiny_config_dict
@@ -74,6 +74,9 @@ def test_train_job_model_artifact_and_a_score_job(
     done = client.wait(job["id"])
     assert done["state"] == "succeeded", done["error"]
     assert done["progress"]["rows"] == 250 and done["progress"]["fraction"] == 1.0
+    # its log holds whole plain progress lines, no carriage-return redraws (issue 27 item 4)
+    log = (tmp_path / "data" / "jobs" / job["id"] / "train.log").read_text()
+    assert "\r" not in log and "score 100% 250 rows, " in log, log
     result = client.result(job["id"])
     assert result["rows"] == 250 and 0 <= result["metrics"]["auc"] <= 1
     # the job's progress (the dashboard's tiles) carries the labelled rows' AUC and logloss
@@ -105,6 +108,14 @@ def test_train_job_model_artifact_and_a_score_job(
     assert failed["state"] == "failed" and failed["attempt"] == 1, failed
     assert "data/inputs/leak.tsv: a symlink" in failed["error"], failed["error"]
     logs = client.logs(linked["id"], tail=1000)
+    assert "error: data/inputs/leak.tsv: a symlink" in logs, logs
     for shown in (failed["error"], logs):
         assert "SECRET" not in shown and "TOKEN" not in shown and str(tmp_path) not in shown
+    # every log view shows the service's paths relative to the data directory
+    raw = (tmp_path / "data" / "jobs" / job["id"] / "train.log").read_bytes()
+    assert str(tmp_path).encode() in raw  # "scored 250 rows ... -> /abs/.../predictions.csv"
+    whole = client.http.get(f"{API}/jobs/{job['id']}/logs", params={"offset": 0})
+    assert int(whole.headers["X-Log-Offset"]) == len(raw)
+    assert whole.content == raw.replace(f"{tmp_path}/data/jobs/".encode(), b"jobs/")
+    assert f"-> jobs/{job['id']}/run/predictions.csv" in client.logs(job["id"])
     assert not (tmp_path / "data" / "jobs" / linked["id"] / "run" / "predictions.csv").exists()
