@@ -79,7 +79,7 @@ class JobSubmission(BaseModel):
     #: Retries after an infrastructure failure (node lost, rank killed by a signal,
     #: collective timeout); default: the service's DLRM_VRGD_MAX_RETRIES for train and
     #: study jobs, 0 for score jobs. Config errors and a NaN loss are never retried.
-    max_retries: Annotated[int, Field(ge=0, le=MAX_RETRIES)] | None = None
+    max_retries: Annotated[int, Field(ge=0, le=MAX_RETRIES, strict=True)] | None = None
     #: A retried POST with the same id returns the job the first one made.
     submission_id: SubmissionId | None = None
     #: Slurm options of this job (the Slurm backend only).

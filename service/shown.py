@@ -1,10 +1,11 @@
 """What the service shows of a text it did not write itself: no secret, no host path.
 
-Every answer, event and log line the API serves passes :func:`shown`: URI credentials and
-secret query values are masked (:func:`dlrm_vrgd.redact.redact`, the one redaction the trainer
-uses too), and paths under the service's directories are shown relative to the data
-directory: ``jobs/ID/run/...`` for a job's files, ``data/...`` for the score data root,
-``mlflow/...`` for the MLflow directory, whatever the host's absolute paths are.
+A job's ``error``, ``backend_state`` and log lines (``/logs``) pass :func:`shown`: URI
+credentials and secret query values are masked (:func:`dlrm_vrgd.redact.redact`, the one
+redaction the trainer uses too), and paths under the service's directories are shown relative
+to the data directory: ``jobs/ID/run/...`` for a job's files, ``data/...`` for the score data
+root, ``mlflow/...`` for the MLflow directory, whatever the host's absolute paths are. What
+else the API echoes from a job (its config, result, events) is masked by ``redact``.
 """
 
 from __future__ import annotations

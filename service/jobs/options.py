@@ -45,9 +45,10 @@ _FLAG = re.compile(r"^(--[a-z][a-z-]*)(=[A-Za-z0-9_.,:@+/%&|*\[\]()-]{1,256})?$"
 
 
 class SlurmOptions(BaseModel):
-    """Slurm options of one job; each unset one takes the service's default."""
+    """Slurm options of one job; each unset one takes the service's default. Strict types, as
+    for the rest of a job's body: ``exclusive: "yes"`` or ``cpus_per_task: "8"`` is a 422."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     partition: Name | None = None
     account: Name | None = None

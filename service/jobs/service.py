@@ -345,18 +345,24 @@ class JobService:
         return shown_obj(result)
 
     def log_tail(self, job_id: str, lines: int, rank: int | None = None) -> list[str]:
+        """The log's last lines, as the API shows text (secrets masked, paths relative)."""
         job = self.get(job_id)
         if rank is None:
-            return [redact(line) for line in jobfiles.tail_lines(self.files(job_id).log, lines)]
+            return [self.show(ln) for ln in jobfiles.tail_lines(self.files(job_id).log, lines)]
         found = jobfiles.tail_lines(self.files(job_id).log, 1_000_000)
-        return [redact(line) for line in joblogs.rank_lines(found, rank, _nproc(job))[-lines:]]
+        return [self.show(ln) for ln in joblogs.rank_lines(found, rank, _nproc(job))[-lines:]]
 
     def log_from(self, job_id: str, offset: int, rank: int | None = None) -> tuple[bytes, int]:
-        """The log's bytes from ``offset`` (one rank's lines with ``rank``) and the offset to
-        ask from next."""
+        """The log's whole lines from ``offset`` (one rank's with ``rank``; a running job's
+        last line once it is whole) and the offset to ask from next. The offsets are those of
+        ``train.log``; the text is shown as the API shows text (secrets masked, the service's
+        paths relative), so it may be shorter than the bytes between them."""
         job = self.get(job_id)
         data, end = joblogs.read_from(self.files(job_id).log, offset)
-        return _redact_bytes(joblogs.RankFilter(rank, _nproc(job)).feed(data, final=True)), end
+        if job.state not in TERMINAL and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1  # a path cut in two would not be recognised
+            data, end = data[:cut], end - (len(data) - cut)
+        return self._shown_bytes(joblogs.RankFilter(rank, _nproc(job)).feed(data, final=True)), end
 
     async def log_follow(
         self, job_id: str, offset: int | None, rank: int | None = None
@@ -368,21 +374,29 @@ class JobService:
         if offset is None:
             offset = path.stat().st_size if path.exists() else 0
         lines = joblogs.RankFilter(rank, _nproc(job))
+        partial = b""  # a line not yet whole waits for its end (rank or not)
         while not self.should_exit():
             data, offset = await asyncio.to_thread(joblogs.read_from, path, offset)
             if data:
+                data, partial = partial + data, b""
+                cut = data.rfind(b"\n") + 1
+                data, partial = data[:cut], data[cut:]
                 out = lines.feed(data)
                 if out:
-                    yield _redact_bytes(out)
+                    yield self._shown_bytes(out)
                 continue
             current = await asyncio.to_thread(self.store.get_job, job_id)
             if current is None or current.state in TERMINAL:
                 data, offset = await asyncio.to_thread(joblogs.read_from, path, offset)
-                out = lines.feed(data, final=True)
+                out = lines.feed(partial + data, final=True)
                 if out:
-                    yield _redact_bytes(out)
+                    yield self._shown_bytes(out)
                 return
             await asyncio.sleep(LOG_FOLLOW_S)
+
+    def _shown_bytes(self, data: bytes) -> bytes:
+        """Log bytes as the API shows text (whole lines: the callers hand out complete ones)."""
+        return self.show(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
 
     def artifacts(self, job_id: str) -> list[jobfiles.Artifact]:
         self.get(job_id)
@@ -482,12 +496,6 @@ class _SubmittedMeanwhile(Exception):
     def __init__(self, job: Job) -> None:
         super().__init__(job.id)
         self.job = job
-
-
-def _redact_bytes(data: bytes) -> bytes:
-    """Log bytes with secrets masked (whole lines: the filters hand out complete lines)."""
-    text = data.decode("utf-8", "surrogateescape")
-    return redact(text).encode("utf-8", "surrogateescape")
 
 
 def _sse(event: str, data: str, event_id: int | None = None) -> bytes:

@@ -17,6 +17,7 @@ from service.launcher import LocalService
 
 from .conftest import tiny_job, wait_for
 from .test_slurm import state_messages
+from .test_study_jobs import small_study
 
 
 def rank_pid(job_id: str, rank: int) -> int | None:
@@ -96,11 +97,17 @@ def test_a_retried_post_with_one_submission_id_makes_one_job(
     start_service: Callable[..., LocalService],
     client_of: Callable[[LocalService], ServiceClient],
 ) -> None:
-    client = client_of(start_service(DLRM_VRGD_MAX_CONCURRENT_JOBS="0"))
+    # the service's default retries (DLRM_VRGD_MAX_RETRIES) for train and study jobs
+    client = client_of(start_service(DLRM_VRGD_MAX_CONCURRENT_JOBS="0", DLRM_VRGD_MAX_RETRIES="3"))
     body = {"name": "once", "config": tiny_job(), "submission_id": "client-42:a"}
     first = client.http.post(f"{API}/jobs", json=body)
     again = client.http.post(f"{API}/jobs", json=body)
     assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["max_retries"] == 3
+    study = client.submit("study", small_study(), kind="study")
+    assert study["max_retries"] == 3 and client.job(study["id"])["max_retries"] == 3
+    client.cancel(study["id"])
+    client.delete(study["id"])
     assert (
         again.json()["id"] == first.json()["id"] and again.json()["submission_id"] == "client-42:a"
     )
@@ -113,4 +120,21 @@ def test_a_retried_post_with_one_submission_id_makes_one_job(
     local = body | {"submission_id": None, "slurm": {"partition": "gpu"}}
     slurm = client.http.post(f"{API}/jobs", json=local)
     assert slurm.status_code == 422 and slurm.json()["detail"][0]["field"] == "slurm"
+    # every option is typed and checked at submit, whatever the backend: 422 naming it
+    for options, field in (
+        ({"account": "a b"}, "slurm.account"),
+        ({"qos": "high;rm"}, "slurm.qos"),
+        ({"constraint": "a100 ib"}, "slurm.constraint"),
+        ({"gpus_per_node": "a100:0"}, "slurm.gpus_per_node"),
+        ({"gpus_per_node": 4}, "slurm.gpus_per_node"),
+        ({"exclusive": "yes"}, "slurm.exclusive"),
+        ({"cpus_per_task": 0}, "slurm.cpus_per_task"),
+        ({"cpus_per_task": "8"}, "slurm.cpus_per_task"),
+        ({"mem": "64 GB"}, "slurm.mem"),
+        ({"extra_flags": ["--job-name=x"]}, "slurm.extra_flags"),
+        ({"nodes": 2}, "slurm.nodes"),
+    ):
+        refused = client.http.post(f"{API}/jobs", json=local | {"slurm": options})
+        assert refused.status_code == 422, (options, refused.text)
+        assert refused.json()["detail"][0]["field"] == field, (options, refused.json())
     assert client.jobs()["count"] == 2

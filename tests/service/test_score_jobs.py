@@ -19,7 +19,7 @@ from dlrm_vrgd.data.criteo.format import format_criteo_text
 from dlrm_vrgd.data.criteo.preprocess import preprocess
 from dlrm_vrgd.data.rows import Rows
 from dlrm_vrgd.serve.model import load_model
-from service.client import ApiError, ServiceClient
+from service.client import API, ApiError, ServiceClient
 from service.launcher import LocalService
 
 from ..conftest import tiny_config_dict
@@ -69,10 +69,14 @@ def test_train_job_model_artifact_and_a_score_job(
         assert err.value.status_code == 422 and err.value.detail[0]["field"] == field
 
     job = client.submit("score", {"model_job": train["id"], "inputs": ["new.tsv"]}, kind="score")
-    assert job["kind"] == "score"
+    assert job["kind"] == "score" and job["max_retries"] == 0  # train jobs: 1 (issue 27)
+    assert train["max_retries"] == 1
     done = client.wait(job["id"])
     assert done["state"] == "succeeded", done["error"]
     assert done["progress"]["rows"] == 250 and done["progress"]["fraction"] == 1.0
+    # its log holds whole plain progress lines, no carriage-return redraws (issue 27 item 4)
+    log = (tmp_path / "data" / "jobs" / job["id"] / "train.log").read_text()
+    assert "\r" not in log and "score 100% 250 rows, " in log, log
     result = client.result(job["id"])
     assert result["rows"] == 250 and 0 <= result["metrics"]["auc"] <= 1
     # the job's progress (the dashboard's tiles) carries the labelled rows' AUC and logloss
@@ -88,3 +92,30 @@ def test_train_job_model_artifact_and_a_score_job(
     with pytest.raises(ApiError) as err:
         client.model(job["id"])  # a score job has no model
     assert err.value.status_code == 404
+
+    # a link in a directory input, pointing out of the data root (issue 24 case 4): the submit
+    # check passes (the directory is inside), the job refuses the link when it runs, names the
+    # file relative to the data directory and echoes nothing of the linked file
+    secret = tmp_path / "outside" / "secret.tsv"
+    secret.parent.mkdir()
+    secret.write_bytes(b"SECRET-0123456789\tTOKEN-abcdef\n")
+    (data_root / "inputs").mkdir()
+    (data_root / "inputs" / "day_0.tsv").write_bytes(format_criteo_text(labels, ints, cats))
+    (data_root / "inputs" / "leak.tsv").symlink_to(secret)
+    linked = client.submit("linked", {"model_job": train["id"], "inputs": ["inputs"]},
+                           kind="score")  # fmt: skip
+    failed = client.wait(linked["id"])
+    assert failed["state"] == "failed" and failed["attempt"] == 1, failed
+    assert "data/inputs/leak.tsv: a symlink" in failed["error"], failed["error"]
+    logs = client.logs(linked["id"], tail=1000)
+    assert "error: data/inputs/leak.tsv: a symlink" in logs, logs
+    for shown in (failed["error"], logs):
+        assert "SECRET" not in shown and "TOKEN" not in shown and str(tmp_path) not in shown
+    # every log view shows the service's paths relative to the data directory
+    raw = (tmp_path / "data" / "jobs" / job["id"] / "train.log").read_bytes()
+    assert str(tmp_path).encode() in raw  # "scored 250 rows ... -> /abs/.../predictions.csv"
+    whole = client.http.get(f"{API}/jobs/{job['id']}/logs", params={"offset": 0})
+    assert int(whole.headers["X-Log-Offset"]) == len(raw)
+    assert whole.content == raw.replace(f"{tmp_path}/data/jobs/".encode(), b"jobs/")
+    assert f"-> jobs/{job['id']}/run/predictions.csv" in client.logs(job["id"])
+    assert not (tmp_path / "data" / "jobs" / linked["id"] / "run" / "predictions.csv").exists()

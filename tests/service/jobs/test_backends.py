@@ -3,7 +3,9 @@ batch script it writes, how it finds a failed node's error, the store columns it
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -151,6 +153,65 @@ def test_batch_script_of_a_single_node_cpu_job_runs_the_command_under_one_srun(
     assert "#SBATCH --time=4:00:00" in script and "--gpus-per-node" not in script
     assert "#SBATCH --nodes=1" in script and "--partition" not in script
     assert script.splitlines()[-1] == "exec srun --ntasks=1 --kill-on-bad-exit=1 py -m x"
+
+
+def test_a_jobs_own_slurm_options_win_over_the_services_and_each_is_one_sbatch_line(
+    tmp_path: Path,
+) -> None:
+    """Every per-job option (issue 27 item 3) lands in the batch script as its own #SBATCH
+    line, replacing the service's default for it, and the header records them all."""
+    settings = Settings(
+        data_dir=tmp_path,
+        backend="slurm",
+        slurm_partition="gpu",
+        slurm_account="recsys",
+        slurm_qos="high",
+        slurm_exclusive=False,
+        slurm_time_limit="4:00:00",
+    )
+    own = {
+        "partition": "a100",
+        "account": "ml",
+        "qos": "low",
+        "time": "1-00:00:00",
+        "constraint": "a100&ib",
+        "mem": "64G",
+        "cpus_per_task": 8,
+        "gpus_per_node": "a100:4",
+        "exclusive": True,
+        "comment": "nightly run",
+        "extra_flags": ["--reservation=maint", "--nice=10"],
+    }
+    job = _job(tiny_config_dict(run={"nnodes": 2, "nproc_per_node": 4, "device": "cuda"}))
+    files = JobFiles(tmp_path / "j")
+    request = LaunchRequest(replace(job, scheduler=own), files, ["py", "-m", "x"], {}, (), None)
+    lines = SlurmBackend(settings).batch_script(request).splitlines()
+    sbatch = [ln.removeprefix("#SBATCH ") for ln in lines if ln.startswith("#SBATCH ")]
+    for option in (
+        "--partition=a100",
+        "--account=ml",
+        "--qos=low",
+        "--time=1-00:00:00",
+        "--constraint=a100&ib",
+        "--mem=64G",
+        "--cpus-per-task=8",
+        "--gpus-per-node=a100:4",
+        "--exclusive",
+        '--comment="nightly run"',
+        "--reservation=maint",
+        "--nice=10",
+    ):
+        assert sbatch.count(option) == 1, (option, sbatch)
+    for flag in ("--partition", "--account", "--qos", "--time", "--gpus-per-node"):
+        assert len([o for o in sbatch if o.startswith(flag + "=")]) == 1, (flag, sbatch)
+    assert "# the job's own Slurm options: " + json.dumps(own, sort_keys=True) in lines
+    # without own options the service's defaults apply (and its exclusive=False)
+    request = LaunchRequest(job, files, ["py", "-m", "x"], {}, (), None)
+    plain = SlurmBackend(settings).batch_script(request).splitlines()
+    for option in ("--partition=gpu", "--account=recsys", "--qos=high", "--time=4:00:00",
+                   "--gpus-per-node=4"):  # fmt: skip
+        assert f"#SBATCH {option}" in plain
+    assert "#SBATCH --exclusive" not in plain
 
 
 def test_the_failed_nodes_error_is_found_in_a_labelled_log(tmp_path: Path) -> None:

@@ -364,9 +364,15 @@ def test_a_score_input_name_too_long_for_the_os_is_a_422(
          "config.run.tensorboard"),
         ({"name": "x", "config": {**tiny_job(), "run": {"tensorboard": 1}}},
          "config.run.tensorboard"),
+        ({"name": "x", "config": tiny_job(), "max_retries": True}, "max_retries"),
+        ({"name": "x", "config": tiny_job(), "max_retries": "2"}, "max_retries"),
+        ({"name": "x", "config": tiny_job(), "slurm": {"exclusive": "yes"}}, "slurm.exclusive"),
+        ({"name": "x", "config": tiny_job(), "slurm": {"cpus_per_task": "8"}},
+         "slurm.cpus_per_task"),
     ],
     ids=["timeout-true", "timeout-text", "skip-yes", "skip-1", "score-extra", "score-timeout",
-         "model-job-int", "name-int", "tensorboard-yes", "tensorboard-1"],
+         "model-job-int", "name-int", "tensorboard-yes", "tensorboard-1", "retries-true",
+         "retries-text", "exclusive-yes", "cpus-text"],
 )  # fmt: skip
 def test_request_schemas_take_strict_types(
     api: LocalService, http: httpx.Client, body: dict[str, Any], field: str
