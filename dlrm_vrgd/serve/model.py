@@ -399,24 +399,26 @@ def _weights(path: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.T
     return state
 
 
-def _model_files(
-    model_dir: Path, verify: bool
-) -> tuple[dict[str, Any], FeatureLayout, np.ndarray | None]:
-    """The architecture (``model.json``), feature layout and vocab (or None) of a model
-    directory, validated, after its manifest (with ``verify``: every file's size and SHA-256,
-    ``weights.pt`` and the ONNX files included). ``weights.pt`` is not opened here."""
-    manifest = read_manifest(model_dir, verify)
+def _read_arch(model_dir: Path) -> dict[str, Any]:
     arch = _read_json(model_dir / ARCH)
     problem = _arch_problem(arch)
     if problem:
         raise ModelError(f"{model_dir / ARCH}: {problem}")
+    return arch
+
+
+def _read_features(
+    model_dir: Path, manifest: dict[str, Any], arch: dict[str, Any]
+) -> tuple[FeatureLayout, np.ndarray | None]:
+    """``features.json`` and ``vocab.npy`` (or None) checked against the architecture, and
+    ``config.json`` a JSON object."""
     has_vocab = VOCAB in manifest["files"]
     layout = _layout(_read_json(model_dir / FEATURES), arch, has_vocab)
     vocab = _vocab(model_dir / VOCAB, layout) if has_vocab else None
     cfg = _read_json(model_dir / CONFIG)
     if not isinstance(cfg, dict):
         raise ModelError(f"{model_dir / CONFIG}: not a JSON object")
-    return arch, layout, vocab
+    return layout, vocab
 
 
 def load_features(
@@ -428,8 +430,9 @@ def load_features(
     same :class:`ModelError`), the JSON files and ``vocab.npy`` checked as
     :func:`load_scoring` checks them, and ``weights.pt`` never loaded (no second copy of the
     tables beside ONNX Runtime's)."""
-    _, layout, vocab = _model_files(Path(model_dir), verify)
-    return layout, vocab
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir, verify)
+    return _read_features(model_dir, manifest, _read_arch(model_dir))
 
 
 def load_scoring(
@@ -444,13 +447,15 @@ def load_scoring(
     Any problem is one :class:`ModelError` naming the file and the reason.
     """
     model_dir = Path(model_dir)
-    arch, layout, vocab = _model_files(model_dir, verify)
+    manifest = read_manifest(model_dir, verify)
+    arch = _read_arch(model_dir)
     with torch.device("meta"):  # shapes only: an architecture of any size costs nothing here
         expected = ScoringModel(**arch).state_dict()
     state = _weights(model_dir / WEIGHTS, expected)
     starts = torch.tensor([0, *arch["table_rows"][:-1]], dtype=torch.int64).cumsum(0)
     if not torch.equal(state["row_offsets"], starts):
         raise ModelError(f"{model_dir / WEIGHTS}: row_offsets are not the tables' starts")
+    layout, vocab = _read_features(model_dir, manifest, arch)
     model = ScoringModel(**arch, meta_tables=True)  # the loaded tables are taken, not copied
     model.load_state_dict(state, assign=True)
     return model.to(device).eval(), layout, vocab

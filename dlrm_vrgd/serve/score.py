@@ -79,10 +79,14 @@ Engine = Literal["auto", "onnxruntime", "torch"]
 Predict = Callable[[np.ndarray, np.ndarray], np.ndarray]
 #: The splits of a preprocessed directory as the model's training config cut it.
 Split = Literal["train", "val", "test"]
-#: Raw text read and parsed at a time: ~17k rows of Criteo text, about one forward pass of
-#: ``batch_rows``; small enough that the first block is parsed soon and the blocks in flight
-#: (at most ``workers + 2``) are a few tens of MB, large enough that per-block costs are small.
-BLOCK_BYTES = 4 << 20
+#: Raw text read at a time (as ``preprocess``): a line up to this long is a bad row that
+#: ``skip_bad_rows`` can skip; a longer one stops the run.
+BLOCK_BYTES = 16 << 20
+#: Each block is parsed in pieces of about this much, cut at line ends (a longer line whole):
+#: ~17k rows of Criteo text, about one forward pass of ``batch_rows``; small enough that the
+#: first piece is parsed soon and the pieces in flight (at most ``workers + 2``) are a few tens
+#: of MB, large enough that per-piece costs are small.
+PIECE_BYTES = 4 << 20
 _BAD_ROW_EXAMPLES = 20
 _EPS = 1e-7  # probability clamp of the logloss (as dlrm_vrgd.metrics)
 _AUC_BITS = 20  # histogram bins: the top 20 bits of the probability's float32 pattern
@@ -661,17 +665,23 @@ def _score_raw(
         next_line = 2
 
     def submitted(pool: ThreadPoolExecutor) -> Iterator[tuple[Future[Any], int]]:
-        """The reader thread's work: read each block, hand it to a parsing thread."""
+        """The reader thread's work: read each block, hand its pieces to parsing threads."""
         first = True
+        before = 0  # file position before the block (progress: pieces by their share)
         for block in reader.blocks():
             if first and layout.has_header:
                 del block[: block.find(b"\n") + 1]
             first = False
-            yield pool.submit(work, block), reader.position
+            done, size, read = 0, len(block), reader.position - before
+            for piece in pieces(block, PIECE_BYTES):
+                done += len(piece)
+                yield pool.submit(work, piece), before + read * done // max(size, 1)
+            before = reader.position
 
-    # a reader thread reads blocks and submits them for parsing and mapping, at most `workers`
-    # ahead of this thread, which runs the model; the sink's thread writes: all overlap, and
-    # at most `workers + 2` blocks are in flight whatever the input length
+    # a reader thread reads blocks and submits their pieces for parsing and mapping, at most
+    # `workers` ahead of this thread, which runs the model; the sink's thread writes: all
+    # overlap, and one block and at most `workers + 2` pieces are in flight, whatever the
+    # input length
     with ThreadPoolExecutor(workers, thread_name_prefix="score-parse") as pool:
         try:
             ahead = prefetch(submitted(pool), workers, lambda item: item[0].cancel(),
@@ -684,6 +694,16 @@ def _score_raw(
             for fut, _ in pending:
                 fut.cancel()
             raise
+
+
+def pieces(block: bytearray, size: int) -> Iterator[bytearray]:
+    """``block`` (whole lines) cut after the first line end at or past every ``size`` bytes:
+    pieces of whole lines, about ``size`` each (a longer line whole), in order."""
+    start = 0
+    while start < len(block):
+        end = block.find(b"\n", min(start + size, len(block)) - 1) + 1 or len(block)
+        yield block if start == 0 and end == len(block) else block[start:end]
+        start = end
 
 
 def _iter_days(src: _Days, mapper: FeatureMapper) -> Iterator[tuple[str, Any, int, int]]:
