@@ -78,10 +78,3 @@ def prefetch(
                 break
             if discard is not None and not isinstance(left, _End):
                 discard(left)
-
-
-def even_step(rows: int, batch_rows: int) -> int:
-    """Rows per forward pass when ``rows`` are cut into the fewest passes of at most
-    ``batch_rows``, all about equal (no pass of a few left-over rows)."""
-    passes = max(1, -(-rows // batch_rows))
-    return max(1, -(-rows // passes))

@@ -14,7 +14,7 @@ day files; any other directory stands for its files in natural order):
 Raw text is read in blocks of ``block_bytes`` by a reader thread into a bounded queue
 (:func:`~dlrm_vrgd.serve.pipeline.prefetch`), parsed and mapped onto the model's tables
 (:mod:`dlrm_vrgd.serve.features`) by ``workers`` threads (at most ``workers + 2`` blocks in
-flight), and scored at most ``batch_rows`` rows at a time by ONNX Runtime on ``model.onnx`` or
+flight), and scored ``batch_rows`` rows at a time by ONNX Runtime on ``model.onnx`` or
 the torch module (``engine``, :func:`predictor`); a writer thread (:class:`_Sink`, two blocks
 behind at most) appends the predictions to the output and the metrics. Reading, parsing, the
 model and writing overlap, and memory is bounded by the block size, not the input length.
@@ -68,7 +68,7 @@ from dlrm_vrgd.data.criteo.parse import ParsedBlock, ParseOptions, parse_block
 from dlrm_vrgd.rundir import atomic_write_json
 from dlrm_vrgd.serve import model as m
 from dlrm_vrgd.serve.features import FeatureError, FeatureMapper
-from dlrm_vrgd.serve.pipeline import even_step, prefetch
+from dlrm_vrgd.serve.pipeline import prefetch
 
 logger = logging.getLogger(__name__)
 
@@ -605,11 +605,10 @@ def _predict(
     model: m.ScoringModel, dense: np.ndarray, sparse: np.ndarray, batch_rows: int, device: str
 ) -> np.ndarray:
     out = np.empty(len(dense), dtype=np.float32)
-    step = even_step(len(dense), batch_rows)
-    for a in range(0, len(dense), step):
-        d = torch.from_numpy(np.ascontiguousarray(dense[a : a + step], dtype=np.float32))
-        s = torch.from_numpy(np.ascontiguousarray(sparse[a : a + step], dtype=np.int64))
-        out[a : a + step] = model(d.to(device), s.to(device)).float().cpu().numpy()
+    for a in range(0, len(dense), batch_rows):
+        d = torch.from_numpy(np.ascontiguousarray(dense[a : a + batch_rows], dtype=np.float32))
+        s = torch.from_numpy(np.ascontiguousarray(sparse[a : a + batch_rows], dtype=np.int64))
+        out[a : a + batch_rows] = model(d.to(device), s.to(device)).float().cpu().numpy()
     return out
 
 
