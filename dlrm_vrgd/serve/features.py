@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,7 @@ class FeatureMapper:
             ends = np.cumsum([c - 1 for c in cards])
             self.kept = np.split(np.asarray(vocab, dtype=np.int64), ends[:-1])
         self.outside = 0  # ids hashed into their table because they fell outside it
+        self._lock = threading.Lock()  # parsing threads map blocks at the same time
 
     def check_days(self, manifest: dict[str, Any], where: str) -> None:
         """Refuse preprocessed days whose ids were made by other rules than the model's."""
@@ -181,6 +183,7 @@ class FeatureMapper:
             sparse = np.remainder(sparse, self.read_caps)
         outside = sparse >= self.rows
         if outside.any():
-            self.outside += int(outside.sum())
+            with self._lock:
+                self.outside += int(outside.sum())
             sparse = np.where(outside, sparse % self.rows, sparse)
         return sparse

@@ -31,6 +31,8 @@ import json
 import os
 import re
 import stat
+from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -233,10 +235,15 @@ def _manifest_problem(manifest: Any) -> str | None:
     return None
 
 
-def read_manifest(model_dir: Path, verify: bool = True) -> dict[str, Any]:
+def read_manifest(
+    model_dir: Path, verify: bool = True, hashed_on_read: Collection[str] = ()
+) -> dict[str, Any]:
     """The manifest of a model directory, checked for its exact shape (:class:`ModelError`
     naming the file and the reason otherwise); with ``verify``, also that the directory holds
-    exactly the files it lists, each a regular file (no links) of the listed size and SHA-256."""
+    exactly the files it lists, each a regular file (no links) of the listed size and SHA-256
+    (hashed by parallel threads; the first file in the manifest's order that fails is named).
+    ``hashed_on_read``: files the caller checks itself as it reads them (``OnnxScorer``'s
+    ``model.onnx``), not hashed twice."""
     model_dir = Path(model_dir)
     path = model_dir / MANIFEST
     if model_dir.is_symlink() or not model_dir.is_dir():
@@ -254,8 +261,13 @@ def read_manifest(model_dir: Path, verify: bool = True) -> dict[str, Any]:
             raise ModelError(
                 f"{model_dir}: holds {len(present - listed)} file(s) not in {MANIFEST}"
             )
-        for name, meta in manifest["files"].items():
-            _verify_file(model_dir / name, meta)
+        files = [
+            (model_dir / k, v) for k, v in manifest["files"].items() if k not in hashed_on_read
+        ]
+        threads = max(1, min(len(files), len(os.sched_getaffinity(0)), 8))
+        with ThreadPoolExecutor(threads, thread_name_prefix="model-hash") as pool:
+            for _ in pool.map(lambda item: _verify_file(*item), files):  # hashlib drops the GIL
+                pass
     return manifest
 
 
@@ -387,6 +399,42 @@ def _weights(path: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.T
     return state
 
 
+def _read_arch(model_dir: Path) -> dict[str, Any]:
+    arch = _read_json(model_dir / ARCH)
+    problem = _arch_problem(arch)
+    if problem:
+        raise ModelError(f"{model_dir / ARCH}: {problem}")
+    return arch
+
+
+def _read_features(
+    model_dir: Path, manifest: dict[str, Any], arch: dict[str, Any]
+) -> tuple[FeatureLayout, np.ndarray | None]:
+    """``features.json`` and ``vocab.npy`` (or None) checked against the architecture, and
+    ``config.json`` a JSON object."""
+    has_vocab = VOCAB in manifest["files"]
+    layout = _layout(_read_json(model_dir / FEATURES), arch, has_vocab)
+    vocab = _vocab(model_dir / VOCAB, layout) if has_vocab else None
+    cfg = _read_json(model_dir / CONFIG)
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{model_dir / CONFIG}: not a JSON object")
+    return layout, vocab
+
+
+def load_features(
+    model_dir: str | Path, verify: bool = True
+) -> tuple[FeatureLayout, np.ndarray | None]:
+    """The feature layout and vocab (or None) of a model directory, for a forward that does
+    not run the torch module (ONNX Runtime on ``model.onnx``): the manifest and every file's
+    size and SHA-256 verified (a tampered ``weights.pt`` or ``model.onnx`` is refused with the
+    same :class:`ModelError`), the JSON files and ``vocab.npy`` checked as
+    :func:`load_scoring` checks them, and ``weights.pt`` never loaded (no second copy of the
+    tables beside ONNX Runtime's)."""
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir, verify)
+    return _read_features(model_dir, manifest, _read_arch(model_dir))
+
+
 def load_scoring(
     model_dir: str | Path, device: str | torch.device = "cpu", verify: bool = True
 ) -> tuple[ScoringModel, FeatureLayout, np.ndarray | None]:
@@ -400,22 +448,14 @@ def load_scoring(
     """
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir, verify)
-    arch = _read_json(model_dir / ARCH)
-    problem = _arch_problem(arch)
-    if problem:
-        raise ModelError(f"{model_dir / ARCH}: {problem}")
+    arch = _read_arch(model_dir)
     with torch.device("meta"):  # shapes only: an architecture of any size costs nothing here
         expected = ScoringModel(**arch).state_dict()
     state = _weights(model_dir / WEIGHTS, expected)
     starts = torch.tensor([0, *arch["table_rows"][:-1]], dtype=torch.int64).cumsum(0)
     if not torch.equal(state["row_offsets"], starts):
         raise ModelError(f"{model_dir / WEIGHTS}: row_offsets are not the tables' starts")
-    has_vocab = VOCAB in manifest["files"]
-    layout = _layout(_read_json(model_dir / FEATURES), arch, has_vocab)
-    vocab = _vocab(model_dir / VOCAB, layout) if has_vocab else None
-    cfg = _read_json(model_dir / CONFIG)
-    if not isinstance(cfg, dict):
-        raise ModelError(f"{model_dir / CONFIG}: not a JSON object")
+    layout, vocab = _read_features(model_dir, manifest, arch)
     model = ScoringModel(**arch, meta_tables=True)  # the loaded tables are taken, not copied
     model.load_state_dict(state, assign=True)
     return model.to(device).eval(), layout, vocab

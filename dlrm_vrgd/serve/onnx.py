@@ -24,8 +24,11 @@ protobuf's 2 GiB limit of one file). Each file is checked at export with ``onnx.
 ONNX Runtime's output on sample rows is compared with the eager module's.
 
 Loading (:class:`OnnxScorer`) verifies the model directory's manifest (every file's size and
-SHA-256, no links) first: an altered ``model.onnx`` is refused with the ``ModelError`` the torch
-loader gives. ONNX Runtime gets the bytes that were hashed (a model without external data).
+SHA-256, no links; a thread hashes the other files while the graph loads, and any failure is
+raised before the scorer is returned): an altered ``model.onnx`` (or ``weights.pt``, which
+ONNX Runtime scoring never loads) is refused with the ``ModelError`` the torch loader gives.
+ONNX Runtime gets the bytes that were hashed (a model without external data), or, with
+external data, the paths once every file is checked.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ import os
 import re
 import shutil
 import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -261,15 +266,43 @@ class OnnxScorer:
         batch_rows: int = 16_384,
         verify: bool = True,
     ) -> None:
-        import onnx
-
         model_dir = Path(model_dir)
-        # every file's size and SHA-256, no links (verify=False: the caller just did; the ONNX
-        # bytes handed to ONNX Runtime are checked against the manifest all the same)
-        manifest = m.read_manifest(model_dir, verify)
         name = m.RAW_ONNX if raw else m.ONNX
+        manifest = m.read_manifest(model_dir, verify=False)  # its shape; the files below
         if name not in manifest["files"]:
             raise m.ModelError(f"{model_dir}: no {name} (export it with --format onnx or all)")
+        self.inputs = ["dense_raw", "ids_raw"] if raw else ["dense", "sparse"]
+        self.batch_rows = batch_rows
+        # every other file's size and SHA-256, no links, checked by a thread while this one
+        # reads, hashes and loads the graph (verify=False: the caller just did); nothing is
+        # used before it is checked, and a problem of the directory is the one raised
+        with ThreadPoolExecutor(1, thread_name_prefix="model-verify") as pool:
+            others = pool.submit(m.read_manifest, model_dir, True, (name,)) if verify else None
+
+            def checked() -> None:
+                if others is not None:
+                    others.result()
+
+            try:
+                self.session = self._load(model_dir, name, manifest, threads, device, checked)
+            except BaseException:
+                checked()
+                raise
+            checked()
+
+    def _load(
+        self,
+        model_dir: Path,
+        name: str,
+        manifest: dict[str, Any],
+        threads: int | None,
+        device: str,
+        checked: Callable[[], None],
+    ) -> Any:
+        """The ONNX Runtime session of ``name``, read once and hashed as read (the bytes ORT
+        gets are the bytes checked), after its inputs, output and external data are checked."""
+        import onnx
+
         path = model_dir / name
         data = _verified_bytes(path, manifest["files"][name])
         try:
@@ -280,12 +313,12 @@ class OnnxScorer:
         locations = {
             e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"
         }
+        names = [i.name for i in proto.graph.input], [o.name for o in proto.graph.output]
+        del proto  # the parsed copy of the tables: gone before ONNX Runtime makes its own
         if locations - {data_name} or (locations and data_name not in manifest["files"]):
             raise m.ModelError(f"{path}: external data other than its listed {data_name}")
-        want = ["dense_raw", "ids_raw"] if raw else ["dense", "sparse"]
-        names = [i.name for i in proto.graph.input], [o.name for o in proto.graph.output]
-        if names != (want, [OUTPUT]):
-            raise m.ModelError(f"{path}: inputs are not {want} or the output not {OUTPUT!r}")
+        if names != (self.inputs, [OUTPUT]):
+            raise m.ModelError(f"{path}: inputs are not {self.inputs} or the output not {OUTPUT!r}")
         providers = None
         if device != "cpu":
             import onnxruntime as ort
@@ -299,13 +332,15 @@ class OnnxScorer:
                 )
             index = device.partition(":")[2] or "0"
             providers = [("CUDAExecutionProvider", {"device_id": int(index)})]
-        # without external data ORT gets the bytes hashed above; with it, the (verified) path
-        self.session = _session(path if locations else data, threads, providers, spin=False)
-        self.inputs = want
-        self.batch_rows = batch_rows
+        if locations:  # ORT reads the data file itself, by the graph's path: checked first
+            checked()
+            return _session(path, threads, providers, spin=False)
+        return _session(data, threads, providers, spin=False)  # the bytes hashed above
 
     def __call__(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
         out = np.empty(len(dense), dtype=np.float32)
+        # passes of exactly batch_rows (the rest last): ONNX Runtime's arena, sized by the
+        # first, never grows (passes of varying sizes grew it ~45 MB over 400k rows)
         step = self.batch_rows
         for a in range(0, len(dense), step):
             feed = {

@@ -12,12 +12,13 @@ day files; any other directory stands for its files in natural order):
   training data; checked against its manifest).
 
 Raw text is read in blocks of ``block_bytes`` by a reader thread into a bounded queue
-(:func:`~dlrm_vrgd.serve.pipeline.prefetch`), parsed by ``workers`` threads (at most
-``workers + 2`` blocks in flight), mapped onto the model's tables
-(:mod:`dlrm_vrgd.serve.features`) and scored ``batch_rows`` rows at a time by ONNX Runtime on
-``model.onnx`` or the torch module (``engine``, :func:`predictor`); reading, parsing and the
-model overlap, and predictions are appended to the output as they come, so memory does not grow
-with the input.
+(:func:`~dlrm_vrgd.serve.pipeline.prefetch`), parsed and mapped onto the model's tables
+(:mod:`dlrm_vrgd.serve.features`) by ``workers`` threads (at most ``workers + 2`` blocks in
+flight), and scored ``batch_rows`` rows at a time by ONNX Runtime on ``model.onnx`` or
+the torch module (``engine``, :func:`predictor`); a writer thread (:class:`_Sink`, two blocks
+behind at most) appends the predictions to the output and the metrics. Reading, parsing, the
+model and writing overlap, and memory is bounded by the block size, not the input length.
+With ONNX Runtime, ``weights.pt`` is verified (its SHA-256, with every file) but not loaded.
 
 Output (CSV, or Parquet when the name ends in ``.parquet``/``.pq`` or ``fmt="parquet"``): one
 row per scored input row, in input order, with columns ``file``, ``line`` (the line in the raw
@@ -78,6 +79,14 @@ Engine = Literal["auto", "onnxruntime", "torch"]
 Predict = Callable[[np.ndarray, np.ndarray], np.ndarray]
 #: The splits of a preprocessed directory as the model's training config cut it.
 Split = Literal["train", "val", "test"]
+#: Raw text read at a time (as ``preprocess``): a line up to this long is a bad row that
+#: ``skip_bad_rows`` can skip; a longer one stops the run.
+BLOCK_BYTES = 16 << 20
+#: Each block is parsed in pieces of about this much, cut at line ends (a longer line whole):
+#: ~17k rows of Criteo text, about one forward pass of ``batch_rows``; small enough that the
+#: first piece is parsed soon and the pieces in flight (at most ``workers + 2``) are a few tens
+#: of MB, large enough that per-piece costs are small.
+PIECE_BYTES = 4 << 20
 _BAD_ROW_EXAMPLES = 20
 _EPS = 1e-7  # probability clamp of the logloss (as dlrm_vrgd.metrics)
 _AUC_BITS = 20  # histogram bins: the top 20 bits of the probability's float32 pattern
@@ -209,6 +218,49 @@ class _Output:
             self.tmp.unlink(missing_ok=True)
 
 
+class _Sink:
+    """The output and the metrics, fed by one thread of their own (``score-write``) at most
+    ``depth`` blocks behind the model, so writing overlaps the next block's forward. An error
+    there is raised by the next :meth:`put` or by :meth:`drain`."""
+
+    def __init__(self, writer: _Output, metrics: StreamingMetrics | None, depth: int = 2) -> None:
+        self.writer, self.metrics, self.depth = writer, metrics, depth
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="score-write")
+        self.pending: deque[Future[None]] = deque()
+
+    def put(
+        self,
+        file: str,
+        lines: np.ndarray,
+        ids: pa.Array | None,
+        labels: np.ndarray | None,
+        probs: np.ndarray,
+    ) -> None:
+        while len(self.pending) >= self.depth:
+            self.pending.popleft().result()
+        self.pending.append(self.pool.submit(self._write, file, lines, ids, labels, probs))
+
+    def _write(
+        self,
+        file: str,
+        lines: np.ndarray,
+        ids: pa.Array | None,
+        labels: np.ndarray | None,
+        probs: np.ndarray,
+    ) -> None:
+        self.writer.write(file, lines, ids, labels, probs)
+        if self.metrics is not None and labels is not None:
+            self.metrics.update(probs, labels)
+
+    def drain(self) -> None:
+        while self.pending:
+            self.pending.popleft().result()
+
+    def close(self) -> None:
+        """Stop the thread (writes not started are dropped): the output may then be closed."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 # -------------------------------------------------------------------------------- inputs
 @dataclass
 class _Raw:
@@ -323,6 +375,8 @@ class ScoreResult:
     bad_row_examples: list[dict[str, Any]] = field(default_factory=list)
     #: Scored days the model trained on (``DIR/day_N``): their metrics overstate it.
     training_days: list[str] = field(default_factory=list)
+    #: Of ``seconds``, verifying and loading the model (every file hashed, the engine built).
+    load_seconds: float = 0.0
 
     @property
     def rows_per_second(self) -> float:
@@ -347,7 +401,7 @@ def score(
     overwrite: bool = False,
     batch_rows: int = 16_384,
     workers: int | None = None,
-    block_bytes: int = 16 << 20,
+    block_bytes: int = BLOCK_BYTES,
     device: str = "cpu",
     metrics_path: str | Path | None = None,
     progress: bool = True,
@@ -375,8 +429,16 @@ def score(
         raise ValueError("--batch-rows must be >= 1")
     if days is not None and split is not None:
         raise ValueError("--days and --split pick rows two ways: pass one")
-    model, layout, vocab = m.load_scoring(model_dir, device)
-    predict = predictor(model_dir, model, engine, device, batch_rows, workers)
+    chosen = resolve_engine(model_dir, engine, device)
+    if chosen == "onnxruntime":
+        # OnnxScorer verifies every file (model.onnx as it reads it); weights.pt is hashed, not
+        # loaded: ONNX Runtime holds the tables, once
+        predict = predictor(model_dir, None, chosen, device, batch_rows, workers)
+        layout, vocab = m.load_features(model_dir, verify=False)
+    else:
+        model, layout, vocab = m.load_scoring(model_dir, device)
+        predict = predictor(model_dir, model, chosen, device, batch_rows, workers, verify=False)
+    load_seconds = time.perf_counter() - t0
     mapper = FeatureMapper(layout, vocab)
     root = Path(input_root) if input_root is not None else None
     sources = resolve_inputs(inputs, input_format, labels, block_bytes, root)
@@ -415,18 +477,22 @@ def score(
     )
     writer = _Output(out, output_format(out, fmt), with_id, with_label)
     metrics = StreamingMetrics() if with_label else None
+    sink = _Sink(writer, metrics)
     opts = layout.parse_options(skip_bad_rows)
     state = _Progress(sources, progress, on_progress)
     try:
         for src in sources:
             if isinstance(src, _Raw):
-                _score_raw(src, opts, mapper, predict, writer, metrics, state, workers, block_bytes)
+                _score_raw(src, opts, mapper, predict, sink, state, workers, block_bytes)
             else:
-                _score_days(src, mapper, predict, writer, metrics, state, batch_rows)
+                _score_days(src, mapper, predict, sink, state, batch_rows)
+        sink.drain()
+        sink.close()
         if state.rows == 0:
             raise CriteoFormatError("the inputs hold no rows")
         writer.commit()
     except BaseException:
+        sink.close()
         writer.abort()
         raise
     finally:
@@ -447,7 +513,8 @@ def score(
         logger.warning("skipped %d malformed rows", state.bad_rows)
     seconds = time.perf_counter() - t0
     return ScoreResult(out, state.rows, seconds, state.bad_rows, result_metrics, mpath,
-                       mapper.outside, state.bad_examples, training_days)  # fmt: skip
+                       mapper.outside, state.bad_examples, training_days,
+                       load_seconds)  # fmt: skip
 
 
 class _Progress:
@@ -518,16 +585,11 @@ class _Progress:
 _DAY_ROW_BYTES = 13 * 4 + 26 * 8 + 4
 
 
-def predictor(
-    model_dir: str | Path,
-    model: m.ScoringModel,
-    engine: Engine,
-    device: str,
-    batch_rows: int,
-    threads: int | None = None,
-) -> Predict:
+def resolve_engine(
+    model_dir: str | Path, engine: Engine, device: str
+) -> Literal["onnxruntime", "torch"]:
     """The forward ``score`` runs: ONNX Runtime on ``model.onnx`` (``onnxruntime``, or
-    ``auto`` with the file present and ``device`` cpu), else the torch module ``model``."""
+    ``auto`` with the file listed and ``device`` cpu), else the torch module."""
     if engine not in ("auto", "onnxruntime", "torch"):
         raise ValueError(f"--engine {engine!r}: not auto, onnxruntime or torch")
     has_onnx = m.ONNX in m.read_manifest(Path(model_dir), verify=False)["files"]
@@ -537,12 +599,31 @@ def predictor(
                 f"{model_dir}: no {m.ONNX} for --engine onnxruntime (export it with --format "
                 "onnx or all, or pass --engine torch)"
             )
+        return "onnxruntime"
+    return "torch"
+
+
+def predictor(
+    model_dir: str | Path,
+    model: m.ScoringModel | None,
+    engine: Engine,
+    device: str,
+    batch_rows: int,
+    threads: int | None = None,
+    verify: bool = True,
+) -> Predict:
+    """The forward of :func:`resolve_engine`: an :class:`~dlrm_vrgd.serve.onnx.OnnxScorer`,
+    or the torch module ``model`` (loaded from ``model_dir`` when None). ``verify=False``: the
+    caller has just verified every file of ``model_dir`` (ONNX Runtime's bytes are checked
+    against the manifest all the same)."""
+    if resolve_engine(model_dir, engine, device) == "onnxruntime":
         from dlrm_vrgd.serve.onnx import OnnxScorer
 
         logger.info("scoring with onnxruntime (%s)", m.ONNX)
         return OnnxScorer(model_dir, device=device, batch_rows=batch_rows, threads=threads,
-                          verify=False)  # load_scoring verified every file  # fmt: skip
-    return lambda dense, sparse: _predict(model, dense, sparse, batch_rows, device)
+                          verify=verify)  # fmt: skip
+    torch_model = model if model is not None else m.load_model(model_dir, device, verify)
+    return lambda dense, sparse: _predict(torch_model, dense, sparse, batch_rows, device)
 
 
 @torch.no_grad()
@@ -562,8 +643,7 @@ def _score_raw(
     opts: ParseOptions,
     mapper: FeatureMapper,
     predict: Predict,
-    writer: _Output,
-    metrics: StreamingMetrics | None,
+    sink: _Sink,
     state: _Progress,
     workers: int | None,
     block_bytes: int,
@@ -572,11 +652,13 @@ def _score_raw(
     name = str(src.path)
     workers = workers or len(os.sched_getaffinity(0))
 
-    def work(block: bytearray) -> tuple[ParsedBlock, np.ndarray, pa.Array | None]:
+    def work(block: bytearray) -> tuple[ParsedBlock, np.ndarray, pa.Array | None, np.ndarray]:
+        """A parsing thread's work: a block's rows, their lines, Ids and table rows."""
         parsed = parse_block(block, layout, opts)
         lines = block_lines(block, parsed)
         ids = first_fields(block, lines, layout.delimiter) if layout.has_id else None
-        return parsed, lines, ids
+        sparse = mapper.raw_ids(parsed.sparse) if len(parsed) else parsed.sparse
+        return parsed, lines, ids, sparse
 
     next_line = 1
     seen = 0
@@ -584,10 +666,11 @@ def _score_raw(
     pending: deque[tuple[Future[Any], int]] = deque()
 
     def consume() -> None:
-        nonlocal next_line
+        """This thread's work: the model on a parsed block, its rows handed to the sink."""
+        nonlocal next_line, seen
         fut, position = pending.popleft()
         try:
-            parsed, lines, ids = fut.result()
+            parsed, lines, ids, sparse = fut.result()
         except MalformedRowError as err:  # numbered from the block: renumber in the file
             raise MalformedRowError(err.path, err.line + next_line - 1, err.reason) from None
         offset = next_line
@@ -596,14 +679,10 @@ def _score_raw(
             state.bad_examples.append({"path": name, "line": b.line + offset - 1,
                                        "reason": b.reason})  # fmt: skip
         state.bad_rows += len(parsed.bad_rows)
-        nonlocal seen
         if len(parsed):
-            sparse = mapper.raw_ids(parsed.sparse)
             probs = predict(parsed.dense, sparse)
             labels = parsed.labels if layout.labeled else None
-            writer.write(name, lines + offset, ids, labels, probs)
-            if metrics is not None and labels is not None:
-                metrics.update(probs, labels)
+            sink.put(name, lines + offset, ids, labels, probs)
         state.advance(position - seen, len(parsed))
         seen = position
 
@@ -611,16 +690,23 @@ def _score_raw(
         next_line = 2
 
     def submitted(pool: ThreadPoolExecutor) -> Iterator[tuple[Future[Any], int]]:
-        """The reader thread's work: read each block, hand it to a parsing thread."""
+        """The reader thread's work: read each block, hand its pieces to parsing threads."""
         first = True
+        before = 0  # file position before the block (progress: pieces by their share)
         for block in reader.blocks():
             if first and layout.has_header:
                 del block[: block.find(b"\n") + 1]
             first = False
-            yield pool.submit(work, block), reader.position
+            done, size, read = 0, len(block), reader.position - before
+            for piece in pieces(block, PIECE_BYTES):
+                done += len(piece)
+                yield pool.submit(work, piece), before + read * done // max(size, 1)
+            before = reader.position
 
-    # a reader thread reads blocks and submits them for parsing, at most `workers` ahead of
-    # this thread, which maps ids and runs the model: the three overlap, in bounded memory
+    # a reader thread reads blocks and submits their pieces for parsing and mapping, at most
+    # `workers` ahead of this thread, which runs the model; the sink's thread writes: all
+    # overlap, and one block and at most `workers + 2` pieces are in flight, whatever the
+    # input length
     with ThreadPoolExecutor(workers, thread_name_prefix="score-parse") as pool:
         try:
             ahead = prefetch(submitted(pool), workers, lambda item: item[0].cancel(),
@@ -633,6 +719,16 @@ def _score_raw(
             for fut, _ in pending:
                 fut.cancel()
             raise
+
+
+def pieces(block: bytearray, size: int) -> Iterator[bytearray]:
+    """``block`` (whole lines) cut after the first line end at or past every ``size`` bytes:
+    pieces of whole lines, about ``size`` each (a longer line whole), in order."""
+    start = 0
+    while start < len(block):
+        end = block.find(b"\n", min(start + size, len(block)) - 1) + 1 or len(block)
+        yield block if start == 0 and end == len(block) else block[start:end]
+        start = end
 
 
 def _iter_days(src: _Days, mapper: FeatureMapper) -> Iterator[tuple[str, Any, int, int]]:
@@ -724,8 +820,7 @@ def _score_days(
     src: _Days,
     mapper: FeatureMapper,
     predict: Predict,
-    writer: _Output,
-    metrics: StreamingMetrics | None,
+    sink: _Sink,
     state: _Progress,
     batch_rows: int,
 ) -> None:
@@ -736,9 +831,7 @@ def _score_days(
             sparse = mapper.day_ids(np.array(day.sparse[a:b], dtype=np.int64))
             probs = predict(np.array(day.dense[a:b]), sparse)
             labels = np.asarray(day.labels[a:b, 0], dtype=np.int32) if day.labeled else None
-            writer.write(name, np.arange(a + 1, b + 1, dtype=np.int64), None, labels, probs)
-            if metrics is not None and labels is not None:
-                metrics.update(probs, labels)
+            sink.put(name, np.arange(a + 1, b + 1, dtype=np.int64), None, labels, probs)
             state.advance((b - a) * _DAY_ROW_BYTES, b - a)
 
 

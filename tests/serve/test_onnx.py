@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from dlrm_vrgd.data import build_splits
+from dlrm_vrgd.data.criteo.format import format_criteo_text
 from dlrm_vrgd.serve.export import export_model
 from dlrm_vrgd.serve.featurizer import RawFeaturizer, RawScoringModel
 from dlrm_vrgd.serve.model import ModelError, load_model, load_scoring
@@ -194,8 +195,6 @@ def test_raw_graph_and_score_with_onnxruntime_equal_torch(raw: Trained, tmp_path
     # the real CLI, both engines, labelled rows of the training files (mostly kept ids) and
     # fresh ones: the same rows in the same order, the same metrics
     labels, ints, cats = make_rows(600, 46)
-    from dlrm_vrgd.data.criteo.format import format_criteo_text
-
     fresh = tmp_path / "fresh.tsv"
     fresh.write_bytes(format_criteo_text(labels, ints, cats))
     inputs = [str(raw.root / "raw" / "day_0.tsv"), str(fresh)]
@@ -267,8 +266,6 @@ def test_an_altered_onnx_model_is_refused(variant: Variant, tmp_path: Path) -> N
     with pytest.raises(ModelError, match=r"model\.onnx: SHA-256 differs from the manifest"):
         OnnxScorer(model)
     rows = tmp_path / "rows.tsv"
-    from dlrm_vrgd.data.criteo.format import format_criteo_text
-
     rows.write_bytes(format_criteo_text(*make_rows(5, 1)))
     onnx_file.write_bytes(data)
     # the Triton repository is listed too: an edited config, an extra file, a link
@@ -324,3 +321,105 @@ def test_prefetch_is_bounded_in_order_and_passes_errors_on() -> None:
     assert next(early) == 0
     early.close()  # the consumer stopped: the reader stops, what it made is discarded
     assert sorted([0, *discarded]) == made and len(made) < 50
+
+
+def test_both_engines_score_many_small_blocks_in_input_order(raw: Trained, tmp_path: Path) -> None:
+    """~170 blocks of 4 KiB parsed by 3 threads, odd batches of 7 rows, the writer on its own
+    thread: rows come out in input order, and both engines give what the raw graph gives on
+    all the rows at once (the input transform in the graph, independent of score's path)."""
+    model_dir: Path = raw.onnx  # type: ignore[attr-defined]
+    labels, ints, cats = make_rows(3000, 47)
+    tsv = tmp_path / "rows.tsv"
+    tsv.write_bytes(format_criteo_text(labels, ints, cats))
+    want = OnnxScorer(model_dir, raw=True)(ints.filled(0).astype(np.int64),
+                                           cats.filled(0).astype(np.int64))  # fmt: skip
+    for engine in ("torch", "onnxruntime"):
+        out = tmp_path / f"{engine}.csv"
+        res = score(model_dir, [tsv], out, engine=engine, block_bytes=1 << 12, workers=3,
+                    batch_rows=7, progress=False)  # fmt: skip
+        got = pcsv.read_csv(out).to_pydict()
+        assert res.rows == 3000 and got["line"] == list(range(1, 3001))
+        assert got["label"] == labels.tolist()
+        np.testing.assert_allclose(got["probability"], want, **TOL)
+        assert res.metrics is not None and res.metrics["rows"] == 3000
+
+
+def test_onnxruntime_scoring_verifies_weights_without_loading_them(
+    raw: Trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The onnxruntime engine hashes weights.pt with every other file but never loads it (ONNX
+    Runtime has the tables): an altered weights.pt is refused with the torch loader's error
+    (the CLI: exit 2, no output), and nothing of it is unpickled."""
+    from dlrm_vrgd.serve import model as m
+
+    model = tmp_path / "model"
+    shutil.copytree(raw.onnx, model)  # type: ignore[attr-defined]
+    rows = tmp_path / "rows.tsv"
+    rows.write_bytes(format_criteo_text(*make_rows(50, 2)))
+
+    def no_weights(*_: object) -> None:
+        raise AssertionError("weights.pt was loaded")
+
+    monkeypatch.setattr(m, "_weights", no_weights)
+    res = score(model, [rows], tmp_path / "p.csv", engine="onnxruntime", progress=False)
+    assert res.rows == 50
+    with pytest.raises(AssertionError, match="weights.pt was loaded"):  # the torch engine does
+        score(model, [rows], tmp_path / "q.csv", engine="torch", progress=False)
+    monkeypatch.undo()
+
+    weights = model / "weights.pt"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 1
+    weights.write_bytes(bytes(data))
+    for engine in ("onnxruntime", "torch"):
+        with pytest.raises(ModelError, match=r"weights\.pt: SHA-256 differs from the manifest"):
+            score(model, [rows], tmp_path / "r.csv", engine=engine, progress=False)
+    proc = cli("score", "--model", str(model), "--input", str(rows), "--out",
+               str(tmp_path / "s.csv"), "--engine", "onnxruntime", "--no-progress")  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "weights.pt: SHA-256 differs from the manifest" in proc.stderr
+    assert not (tmp_path / "r.csv").exists() and not (tmp_path / "s.csv").exists()
+
+
+def test_scoring_memory_is_bounded_by_the_block_not_the_input_length(
+    raw: Trained, tmp_path: Path
+) -> None:
+    """tracemalloc's peak (Python objects and numpy arrays: blocks, parsed rows, table rows,
+    predictions, output batches) while streaming N and 4N = 32k rows in 16 KiB blocks is the same,
+    and a few blocks' worth: keeping any per-row array of the whole input (even only its
+    predictions, 4 bytes a row) would exceed either bound."""
+    import tracemalloc
+
+    model_dir: Path = raw.onnx  # type: ignore[attr-defined]
+    n = 32_000
+    _, ints, cats = make_rows(n, 49)  # unlabelled: no metrics (a constant 16 MiB)
+    files = {}
+    for k in (n // 4, n):
+        files[k] = tmp_path / f"{k}.tsv"
+        files[k].write_bytes(format_criteo_text(None, ints[:k], cats[:k]))
+    block = 1 << 14
+
+    def streaming_peak(path: Path, out: Path) -> int:
+        started = []
+
+        def progress(rows: int, seconds: float, fraction: float) -> None:
+            if not started:  # the model is loaded and the first block scored: stream from here
+                started.append(rows)
+                tracemalloc.reset_peak()
+
+        tracemalloc.start()
+        try:
+            score(model_dir, [path], out, engine="onnxruntime", block_bytes=block, workers=2,
+                  progress=False, on_progress=progress, overwrite=True)  # fmt: skip
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    streaming_peak(files[n // 4], tmp_path / "warm.csv")  # imports and caches: not streaming
+    peaks = {k: streaming_peak(p, tmp_path / f"{k}.csv") for k, p in files.items()}
+    # measured: ~16 blocks at both lengths (4N / N 1.03); keeping each block's predictions:
+    # 4N / N 1.51
+    assert peaks[n] <= 1.15 * peaks[n // 4], peaks
+    # workers + 2 blocks in flight (text, parsed rows, table rows) and the sink's two batches
+    assert peaks[n] < 60 * block, peaks
+    assert n * 4 > 0.25 * peaks[n]  # what 4 bytes a row kept would add is visible

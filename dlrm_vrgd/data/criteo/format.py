@@ -190,7 +190,8 @@ def detect_layout(
         else:
             labeled = labels == "yes"
         layout = Layout(path, delim, False, False, labeled, gzip)
-    short = sum(c < layout.num_fields for c in counts)
+    fields = layout.num_fields  # a property that builds the names: once, not once a line
+    short = sum(c < fields for c in counts)
     if short >= _PREPAD_FRACTION * max(len(counts), 1):
         logger.info("%s: %d of the first %d rows lack trailing fields", path, short, len(counts))
         layout = replace(layout, prepad=True)
