@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -528,8 +529,6 @@ class _Progress:
         show: bool,
         callback: Callable[[int, float, float], None] | None,
     ) -> None:
-        import sys
-
         from tqdm import tqdm
 
         total = 0
