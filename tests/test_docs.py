@@ -53,7 +53,8 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         assert (built / f"{name}.html").is_file(), name
     reference = (built / "configuration.html").read_text()
     assert "global_batch" in reference and "gsnr_placement" in reference
-    assert not list(built.rglob("metrics.jsonl"))  # a study's raw records are not published
+    # a study's raw records (its progress and its ledger) are not published
+    assert not list(built.rglob("metrics.jsonl")) and not list(built.rglob("cells.jsonl"))
 
 
 @pytest.fixture

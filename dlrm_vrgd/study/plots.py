@@ -6,7 +6,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from dlrm_vrgd.rundir import read_jsonl
 from dlrm_vrgd.study.config import StudyConfig
 
 
@@ -116,12 +115,13 @@ def write_plots(
             and c["lr_multiplier"] == best.get((g, name, k))
         ]
 
-    # A study rewritten from its results.json alone (no cells/) keeps its curve plots.
-    has_runs = (out / "cells").is_dir() and all("val_curve" in c for c in cells)
+    # A study rewritten from its results.json alone (no curves) keeps its curve plots; a curve
+    # is the mean over the chosen cells that kept theirs.
+    has_runs = any(c.get("val_curve") for c in cells)
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 4), squeeze=False)
     for ax, g in zip(axes[0], sizes if has_runs else [], strict=False):
         for name, k in series:
-            curve = _mean_curve([c["val_curve"] for c in chosen(g, name, k)])
+            curve = _mean_curve([c["val_curve"] for c in chosen(g, name, k) if c.get("val_curve")])
             if curve:
                 xs, ys = zip(*curve, strict=True)
                 st = style(name, k)
@@ -131,7 +131,8 @@ def write_plots(
         ax.set_xlabel("rows seen")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation AUC")
-    axes[0][-1].legend(fontsize=8)
+    if axes[0][-1].get_legend_handles_labels()[0]:
+        axes[0][-1].legend(fontsize=8)
     if has_runs:
         paths.append(_save(fig, out / "auc_vs_rows.png"))
     else:
@@ -143,8 +144,7 @@ def write_plots(
         if name not in gsnr:
             continue
         for g in sizes:
-            ids = [c["cell"] for c in chosen(g, name, k)]
-            dense, tables = _gsnr_curves([out / "cells" / i / "gsnr.jsonl" for i in ids])
+            dense, tables = _gsnr_curves([c.get("gsnr_curve") or [] for c in chosen(g, name, k)])
             st = {
                 "color": colors[name],
                 "alpha": 0.4 + 0.6 * sizes.index(g) / max(1, len(sizes) - 1),
@@ -158,7 +158,8 @@ def write_plots(
         ax.set_xlabel("fraction of training")
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
-    ax_t.legend(fontsize=8)
+    if ax_t.get_legend_handles_labels()[0]:
+        ax_t.legend(fontsize=8)
     if has_runs:
         paths.append(_save(fig, out / "gsnr_ratio.png"))
     else:
@@ -235,25 +236,19 @@ def _mean_curve(runs: list[list[tuple[int, float, int]]]) -> list[tuple[int, flo
     return [(x, sum(ys) / len(ys)) for x, ys in sorted(points.items()) if len(ys) == len(runs)]
 
 
-def _gsnr_curves(paths: list[Path]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    """Seed-mean of the per-step weighted ratios, against the fraction of training done."""
+def _gsnr_curves(
+    curves: list[list[list[float | None]]],
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """Seed-mean of the cells' weighted ratios (``gsnr_curve``: fraction of training, dense
+    ratio, table ratio), against the fraction of training done."""
     dense: dict[float, list[float]] = defaultdict(list)
     tables: dict[float, list[float]] = defaultdict(list)
-    for path in paths:
-        records = read_jsonl(path)
-        if not records:
-            continue
-        last = records[-1]["step"]
-        for rec in records:
-            x = round(rec["step"] / last, 3)
-            measured = [d for d in rec.get("dense", []) if d.get("raw_gsnr") is not None]
-            n = sum(d["numel"] for d in measured)
-            if n:
-                dense[x].append(sum(d["ratio"] * d["numel"] for d in measured) / n)
-            ts = [t for t in rec.get("tables", []) if t.get("ratio") is not None]
-            n = sum(t["touched_rows"] for t in ts)
-            if n:
-                tables[x].append(sum(t["ratio"] * t["touched_rows"] for t in ts) / n)
+    for curve in curves:
+        for x, d, t in curve:
+            if d is not None:
+                dense[x].append(d)
+            if t is not None:
+                tables[x].append(t)
     mean = [(x, sum(v) / len(v)) for x, v in sorted(dense.items())]
     mean_t = [(x, sum(v) / len(v)) for x, v in sorted(tables.items())]
     return mean, mean_t

@@ -15,12 +15,9 @@ so the runner (which cells to train next) and the report (which cells are which)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from dlrm_vrgd.rundir import RESULT
 from dlrm_vrgd.study.config import Cell, StudyConfig
 
 Group = tuple[int, str, "int | None"]  # (global batch, optimizer, k)
@@ -115,20 +112,17 @@ def plan(study: StudyConfig, val_auc: dict[str, float]) -> Plan:
 
 
 def finished_val_aucs(
-    study: StudyConfig, out: Path, check: Callable[[StudyConfig, Cell, Path], None] | None = None
+    study: StudyConfig, val_of: Callable[[Cell], float | None]
 ) -> tuple[dict[str, float], Plan]:
-    """A two-stage study's finished cells under ``out`` (cell id → validation AUC; each first
-    passed to ``check``) and the plan they lead to."""
+    """A two-stage study's finished cells (cell id → validation AUC, from ``val_of``: None for
+    a cell that has not finished) and the plan they lead to."""
     val: dict[str, float] = {}
     while True:
         p = plan(study, val)
         new = False
         for cell in p.tune_cells + p.confirm_cells:
-            run_dir = Path(out) / "cells" / cell.id
-            if cell.id not in val and (run_dir / RESULT).exists():
-                if check is not None:
-                    check(study, cell, run_dir)
-                val[cell.id] = json.loads((run_dir / RESULT).read_text())["val"]["auc"]
+            if cell.id not in val and (auc := val_of(cell)) is not None:
+                val[cell.id] = auc
                 new = True
         if not new:
             return val, p

@@ -12,8 +12,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from dlrm_vrgd.rundir import RESULT, atomic_write_bytes, atomic_write_json, read_jsonl
-from dlrm_vrgd.study.config import Cell, StudyConfig, StudyOptimizer
+from dlrm_vrgd.rundir import atomic_write_bytes, atomic_write_json
+from dlrm_vrgd.study.config import StudyConfig, StudyOptimizer
+from dlrm_vrgd.study.ledger import Ledger
 from dlrm_vrgd.study.protocol import Plan, finished_val_aucs
 from dlrm_vrgd.study.protocol import plan as plan_cells
 from dlrm_vrgd.study.stats import clopper_pearson, fisher_exact, paired
@@ -32,63 +33,6 @@ DIGITS = {
     "wall_s": 1,
     "auc_change": 4,
 }
-
-
-def cell_figures(study: StudyConfig, cell: Cell, run_dir: Path) -> dict[str, Any]:
-    """What one finished cell measured (``rows_to_target`` is filled in by the report)."""
-    result = json.loads((run_dir / RESULT).read_text())
-    records = read_jsonl(run_dir / "metrics.jsonl")
-    evals = [r for r in records if r.get("kind") == "eval" and r.get("split") == "val"]
-    dense_ratio, dense_clip, table_ratio, table_clip = _gsnr_means(run_dir / "gsnr.jsonl")
-    cfg = result["config"]
-    return {
-        "cell": cell.id,
-        "global_batch": cell.global_batch,
-        "optimizer": cell.optimizer,
-        "lr_multiplier": cell.lr_multiplier,
-        "seed": cell.seed,
-        # k: micro-batches (gradient groups) per step, on the groups axis or not
-        "groups": cell.groups or cell.global_batch // cfg["run"]["micro_batch"],
-        "dense_lr": cfg["optim"]["dense"]["lr"],
-        "sparse_lr": cfg["optim"]["sparse"]["lr"],
-        "steps": result["steps"],
-        "rows": result["samples"],
-        "val_auc": result["val"]["auc"],
-        "test_auc": result["test"]["auc"],
-        "oracle_test_auc": result["test"].get("oracle_auc"),
-        "oracle_val_auc": result["val"].get("oracle_auc"),
-        "train_auc": (result.get("train") or {}).get("auc"),
-        "wall_s": result["timings"]["train_seconds"],
-        "rows_to_target": None,
-        "steps_to_target": None,
-        "gsnr_dense": dense_ratio,
-        "gsnr_dense_clipped": dense_clip,
-        "gsnr_tables": table_ratio,
-        "gsnr_tables_clipped": table_clip,
-        "val_curve": [(r["samples"], r["auc"], r["step"]) for r in evals],
-    }
-
-
-def _gsnr_means(path: Path) -> tuple[float | None, float | None, float | None, float | None]:
-    """Mean over steps of the element-weighted dense ratio / fraction clipped, and of the
-    touched-row-weighted table ratio / fraction clipped (None where not measured)."""
-    dense_r, dense_c, table_r, table_c = [], [], [], []
-    for rec in read_jsonl(path):
-        measured = [d for d in rec.get("dense", []) if d.get("raw_gsnr") is not None]
-        n = sum(d["numel"] for d in measured)
-        if n:
-            dense_r.append(sum(d["ratio"] * d["numel"] for d in measured) / n)
-            dense_c.append(sum(d["frac_clipped"] * d["numel"] for d in measured) / n)
-        tables = [t for t in rec.get("tables", []) if t.get("ratio") is not None]
-        n = sum(t["touched_rows"] for t in tables)
-        if n:
-            table_r.append(sum(t["ratio"] * t["touched_rows"] for t in tables) / n)
-            table_c.append(sum(t["frac_clipped"] * t["touched_rows"] for t in tables) / n)
-
-    def mean(xs: list[float]) -> float | None:
-        return sum(xs) / len(xs) if xs else None
-
-    return mean(dense_r), mean(dense_c), mean(table_r), mean(table_c)
 
 
 def _mean(xs: list[float]) -> float:
@@ -663,6 +607,10 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
+#: Per-cell curves: the ledger and the plots keep them, results.json does not.
+CURVES = ("val_curve", "gsnr_curve")
+
+
 def write_report(study: StudyConfig, out: Path) -> dict[str, Any]:
     """Every figure of the study from its finished cells, with today's report code: results.json,
     results.csv, results.md and the plots (``dlrm-vrgd study report DIR`` calls this alone)."""
@@ -696,7 +644,7 @@ def write_report(study: StudyConfig, out: Path) -> dict[str, Any]:
         "pairs_rule": compare_pairs(summary_rule),
         "interactions_rule": interactions(summary_rule),
         "batch_effects_rule": batch_effects(summary_rule),
-        "cells": [{k: v for k, v in c.items() if k != "val_curve"} for c in cells],
+        "cells": [{k: v for k, v in c.items() if k not in CURVES} for c in cells],
     }
     atomic_write_json(out / "results.json", results)
     buf = io.StringIO()
@@ -718,11 +666,12 @@ def write_report(study: StudyConfig, out: Path) -> dict[str, Any]:
 
 
 def _load_cells(study: StudyConfig, out: Path) -> tuple[list[dict[str, Any]], Plan | None, int]:
-    """The finished cells' figures (from their run directories; where a committed study kept
-    only its results.json, from the per-cell figures stored there), the two-stage plan (None
-    for one stage) and the number of cells planned."""
+    """The finished cells' figures (from their run directories or the ledger, ``cells.jsonl``;
+    where a committed study kept only its results.json, from the per-cell figures stored
+    there), the two-stage plan (None for one stage) and the number of cells planned."""
     plan = None
-    if not (out / "cells").is_dir() and (out / "results.json").exists():
+    ledger = Ledger(study, out)
+    if not (out / "cells").is_dir() and not len(ledger) and (out / "results.json").exists():
         stored = {c["cell"]: c for c in json.loads((out / "results.json").read_text())["cells"]}
         if study.two_stage:
             plan = plan_cells(study, {i: c["val_auc"] for i, c in stored.items()})
@@ -731,11 +680,9 @@ def _load_cells(study: StudyConfig, out: Path) -> tuple[list[dict[str, Any]], Pl
             planned = study.cells()
         return [stored[c.id] for c in planned if c.id in stored], plan, len(planned)
     if study.two_stage:
-        val, plan = finished_val_aucs(study, out)
+        _, plan = finished_val_aucs(study, ledger.val_auc)
         planned = list(dict.fromkeys(plan.tune_cells + plan.confirm_cells))
-        finished = [(c, out / "cells" / c.id) for c in planned if c.id in val]
     else:
         planned = study.cells()
-        finished = [(c, out / "cells" / c.id) for c in planned]
-        finished = [(c, d) for c, d in finished if (d / RESULT).exists()]
-    return [cell_figures(study, c, d) for c, d in finished], plan, len(planned)
+    cells = [ledger.figures(c) for c in planned]
+    return [dict(c) for c in cells if c is not None], plan, len(planned)

@@ -5,6 +5,7 @@ Layout of the study directory::
     OUT/
       study.json          the resolved StudyConfig
       metrics.jsonl       one ``kind: cell`` record per finished cell (progress: step = cells done)
+      cells.jsonl         the ledger: each finished cell's figures and config digest (committed)
       cells/<cell id>/    one run directory per cell (metrics.jsonl, gsnr.jsonl, result.json,
                           tb/: ``tensorboard --logdir OUT`` shows the whole grid)
       mlflow.json         the study's MLflow parent run (with ``run.mlflow`` in the base config)
@@ -19,13 +20,14 @@ Layout of the study directory::
 
 With ``tune_seeds``/``confirm_seeds`` the cells run in rounds (tune the smallest batch, fix the
 rule's multipliers, tune the rest and extend edge picks, confirm; ``picks.json`` records each
-pick): see :mod:`dlrm_vrgd.study.protocol`. A cell whose ``result.json`` exists is finished and
-never rerun (its ``config.json`` must be the config the study gives it now); an unfinished cell
-(no ``result.json``: the study was interrupted) is started again from scratch. A finished study
-may be grown — more learning-rate multipliers or seeds — in the same directory: only the new
-cells run. With ``workers == 1`` all cells run in this process, so the synthetic rows are
-generated once
-(``data.cache_mb``) and shared; with more, each worker process keeps its own copy.
+pick): see :mod:`dlrm_vrgd.study.protocol`. A cell whose ``result.json`` exists, or that the
+ledger ``cells.jsonl`` holds (:mod:`dlrm_vrgd.study.ledger`: what a finished cell measured, kept
+small so that it is committed and a fresh checkout resumes), is finished and never rerun; an
+unfinished cell (no ``result.json``: the study was interrupted) is started again from scratch.
+A finished study may be grown — more learning-rate multipliers or seeds — in the same
+directory: only the new cells run. With ``workers == 1`` all cells run in this process, so the
+synthetic rows are generated once (``data.cache_mb``) and shared; with more, each worker
+process keeps its own copy.
 """
 
 from __future__ import annotations
@@ -44,14 +46,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from dlrm_vrgd.config import ConfigError, MlflowConfig, TrainConfig
-from dlrm_vrgd.rundir import (
-    CONFIG,
-    RESULT,
-    JsonlWriter,
-    atomic_write_bytes,
-    atomic_write_json,
-)
+from dlrm_vrgd.rundir import RESULT, JsonlWriter, atomic_write_bytes, atomic_write_json
 from dlrm_vrgd.study.config import Cell, StudyConfig
+from dlrm_vrgd.study.ledger import Ledger
 from dlrm_vrgd.study.protocol import Plan, finished_val_aucs
 from dlrm_vrgd.study.report import write_report
 
@@ -82,14 +79,14 @@ def run_study(
             f"{out} holds a different study (study.json differs): use another output directory"
         )
     cells = study.cells()
+    ledger = Ledger(study, out)
     # Refuse a directory whose finished cells trained other configs before touching anything
     # (a refused resume once left a committed study's metrics.jsonl empty).
     if study.two_stage:
-        finished_val_aucs(study, out, _check_finished_cell)
+        finished_val_aucs(study, ledger.val_auc)
     else:
         for cell in cells:
-            if (out / "cells" / cell.id / RESULT).exists():
-                _check_finished_cell(study, cell, out / "cells" / cell.id)
+            ledger.figures(cell)
     atomic_write_json(saved, resolved)
     (out / RESULT).unlink(missing_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)  # rewritten below, from the cells themselves
@@ -99,7 +96,8 @@ def run_study(
     def finished(i: int, cell: Cell, status: str) -> None:
         nonlocal done
         done += 1
-        record = _cell_record(done, len(cells), cell, out / "cells" / cell.id, status)
+        ledger.record(cell)
+        record = _cell_record(done, len(cells), cell, ledger, status)
         log.write(record)
         if on_cell:
             on_cell(i, len(cells), cell, status, record)
@@ -130,13 +128,11 @@ def run_study(
 
     try:
         if study.two_stage:
-            _run_two_stage(study, out, cells, finished, run_cells)
+            _run_two_stage(study, out, cells, ledger, finished, run_cells)
         else:
             todo = []
             for i, cell in enumerate(cells):
-                run_dir = out / "cells" / cell.id
-                if (run_dir / RESULT).exists():
-                    _check_finished_cell(study, cell, run_dir)
+                if ledger.figures(cell) is not None:
                     finished(i, cell, "skip")
                     continue
                 todo.append((i, cell))
@@ -156,13 +152,14 @@ def _run_two_stage(
     study: StudyConfig,
     out: Path,
     cells: list[Cell],
+    ledger: Ledger,
     finished: Callable[[int, Cell, str], None],
     run_cells: Callable[[list[tuple[int, Cell]]], None],
 ) -> None:
     """Tune, extend edge picks, fix the rule, confirm: rounds of the cells the plan needs now
     (:mod:`dlrm_vrgd.study.protocol`), until it needs none. ``picks.json`` records the picks
     and the rule's multipliers as they are fixed."""
-    val, p = finished_val_aucs(study, out, _check_finished_cell)
+    val, p = finished_val_aucs(study, ledger.val_auc)
     for i, cell in enumerate(c for c in p.tune_cells + p.confirm_cells if c.id in val):
         finished(i, cell, "skip")
     while True:
@@ -171,7 +168,7 @@ def _run_two_stage(
             return
         cells[:] = p.tune_cells + p.confirm_cells  # the total as known now
         run_cells([(cells.index(c), c) for c in p.todo])
-        val, p = finished_val_aucs(study, out, _check_finished_cell)
+        val, p = finished_val_aucs(study, ledger.val_auc)
 
 
 def _write_picks(out: Path, p: Plan) -> None:
@@ -217,16 +214,6 @@ def _with_parent(cfg: TrainConfig, mlflow: tuple[MlflowConfig, str] | None) -> T
     return cfg.model_copy(update={"run": cfg.run.model_copy(update={"mlflow": nested})})
 
 
-#: Config keys that say where a run is tracked, not what it trains: a finished cell is reused
-#: whatever they were.
-_TRACKING_KEYS = ("tensorboard", "mlflow")
-
-
-def _untracked(config: dict[str, Any]) -> dict[str, Any]:
-    run = {k: v for k, v in config.get("run", {}).items() if k not in _TRACKING_KEYS}
-    return {**config, "run": run}
-
-
 #: Settings that only choose which cells run, how many at once, or how they are reported: a
 #: finished study may be resumed with more learning rates or seeds, or another target AUC.
 _GRID_ONLY = (
@@ -262,16 +249,6 @@ def _spec(resolved: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def _check_finished_cell(study: StudyConfig, cell: Cell, run_dir: Path) -> None:
-    """A finished cell is reused only if it trained exactly the config the study asks of it."""
-    stored = json.loads((run_dir / CONFIG).read_text())
-    if _untracked(stored) != _untracked(json.loads(json.dumps(study.cell_config(cell).to_dict()))):
-        raise ValueError(
-            f"{run_dir / CONFIG} differs from the config this study gives cell {cell.id}: "
-            "use another output directory"
-        )
-
-
 def _run_parallel(
     study: StudyConfig,
     out: Path,
@@ -305,8 +282,9 @@ def _train_cell(config: dict[str, Any], run_dir: str, threads: int) -> None:
     train(parse_config(config), Path(run_dir))
 
 
-def _cell_record(done: int, total: int, cell: Cell, run_dir: Path, status: str) -> dict[str, Any]:
-    result = json.loads((run_dir / RESULT).read_text())
+def _cell_record(done: int, total: int, cell: Cell, ledger: Ledger, status: str) -> dict[str, Any]:
+    figures = ledger.figures(cell)
+    assert figures is not None  # called for finished cells only
     return {
         "kind": "cell",
         "step": done,
@@ -318,10 +296,10 @@ def _cell_record(done: int, total: int, cell: Cell, run_dir: Path, status: str) 
         "lr_multiplier": cell.lr_multiplier,
         "seed": cell.seed,
         "groups": cell.groups,
-        "val_auc": result["val"]["auc"],
-        "test_auc": result["test"]["auc"],
-        "oracle_auc": result["test"].get("oracle_auc"),
-        "train_seconds": result["timings"]["train_seconds"],
+        "val_auc": figures["val_auc"],
+        "test_auc": figures["test_auc"],
+        "oracle_auc": figures.get("oracle_test_auc"),
+        "train_seconds": figures.get("wall_s"),
     }
 
 

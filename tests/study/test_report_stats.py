@@ -246,6 +246,36 @@ def test_a_two_stage_study_runs_and_reports_only_confirmation_seeds(two_stage_ru
     assert again["summary"] == results["summary"]
 
 
+def test_a_fresh_checkout_resumes_from_the_ledger_and_trains_nothing_again(
+    two_stage_run, tmp_path: Path
+) -> None:
+    study, out, results = two_stage_run
+    copy = tmp_path / "checkout"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("cells"))  # what git holds
+    ledger = [json.loads(line) for line in (copy / "cells.jsonl").read_text().splitlines()]
+    assert {r["cell"] for r in ledger} == {c["cell"] for c in results["cells"]}
+    assert all(len(r["config_sha256"]) == 64 for r in ledger)
+    statuses: list[str] = []
+    again = run_study(study, copy, on_cell=lambda i, n, cell, status, rec: statuses.append(status))
+    assert statuses and set(statuses) == {"skip"}, statuses  # no cell trained again
+    assert not (copy / "cells").exists()
+    assert again["summary"] == results["summary"]
+    # a cell stored under another config's digest is refused, by file, and nothing is lost
+    first = ledger[0]["cell"]
+    ledger[0]["config_sha256"] = "0" * 64
+    (copy / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ledger))
+    before = (copy / "cells.jsonl").read_bytes()
+    with pytest.raises(ValueError, match=f"cells.jsonl: cell {first} trained another config"):
+        run_study(study, copy)
+    assert (copy / "cells.jsonl").read_bytes() == before
+    # a record that is not a ledger record is named by file and line
+    (copy / "cells.jsonl").write_text(
+        json.dumps(ledger[1]) + "\n" + json.dumps({"cell": "x", "figures": {}}) + "\n"
+    )
+    with pytest.raises(ValueError, match=r"cells\.jsonl:2: 'config_sha256'"):
+        run_study(study, copy)
+
+
 def test_study_report_cli_rewrites_the_reports(two_stage_run, tmp_path: Path) -> None:
     _, out, results = two_stage_run
     copy = tmp_path / "copy"
@@ -261,8 +291,17 @@ def test_study_report_cli_rewrites_the_reports(two_stage_run, tmp_path: Path) ->
     assert "rewrote" in done.stdout
     assert json.loads((copy / "results.json").read_text())["summary"] == results["summary"]
     assert (copy / "results.md").read_text() == (out / "results.md").read_text()
-    # from results.json alone (a committed study keeps no cells/): the same tables
+    # from the ledger alone (a fresh checkout of a committed study has no cells/): the same
     shutil.rmtree(copy / "cells")
+    (copy / "results.md").unlink()
+    done = subprocess.run(
+        [sys.executable, "-m", "dlrm_vrgd.cli", "study", "report", str(copy)],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (copy / "results.md").read_text() == (out / "results.md").read_text()
+    # from results.json alone (a study committed before the ledger): the same tables
+    (copy / "cells.jsonl").unlink()
     (copy / "results.md").unlink()
     done = subprocess.run(
         [sys.executable, "-m", "dlrm_vrgd.cli", "study", "report", str(copy)],

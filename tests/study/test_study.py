@@ -117,7 +117,12 @@ def test_rerun_skips_finished_cells(finished) -> None:
         c.id: (out / "cells" / c.id / "result.json").stat().st_mtime_ns for c in study.cells()
     }
     victim = study.cells()[5]
-    (out / "cells" / victim.id / "result.json").unlink()  # as if interrupted mid-cell
+    # as if interrupted mid-cell: no result.json, and not in the ledger
+    (out / "cells" / victim.id / "result.json").unlink()
+    ledger = (out / "cells.jsonl").read_text().splitlines()
+    kept = [line for line in ledger if json.loads(line)["cell"] != victim.id]
+    assert len(kept) == len(ledger) - 1
+    (out / "cells.jsonl").write_text("".join(line + "\n" for line in kept))
     seen: list[tuple[str, str]] = []
     again = run_study(study, out, on_cell=lambda i, n, c, status, r: seen.append((c.id, status)))
     assert [s for c, s in seen if c != victim.id] == ["skip"] * 15
