@@ -59,9 +59,10 @@ def cell_figures(study: StudyConfig, cell: Cell, run_dir: Path) -> dict[str, Any
     result = json.loads((run_dir / RESULT).read_text())
     records = read_jsonl(run_dir / "metrics.jsonl")
     evals = [r for r in records if r.get("kind") == "eval" and r.get("split") == "val"]
-    (dense_ratio, dense_clip, table_ratio, table_clip), curve = _gsnr_figures(
+    (dense_ratio, dense_clip, table_ratio, table_clip), curve, noise = _gsnr_figures(
         run_dir / "gsnr.jsonl"
     )
+    late = (result.get("noise_scale") or {}).get("scopes", {}).get("model") or {}
     cfg = result["config"]
     return {
         "cell": cell.id,
@@ -90,6 +91,12 @@ def cell_figures(study: StudyConfig, cell: Cell, run_dir: Path) -> dict[str, Any
         "val_curve": [(r["samples"], r["auc"], r["step"]) for r in evals],
         # [fraction of training, dense ratio, table ratio] (the plots read it)
         "gsnr_curve": curve,
+        # the gradient noise scale (DESIGN.md 4.6): the model's B_simple over the last half of
+        # training (median, 10th and 90th percentiles, as `dlrm-vrgd advise`), and its curve
+        "b_simple": late.get("b_simple"),
+        "b_simple_p10": late.get("p10"),
+        "b_simple_p90": late.get("p90"),
+        "b_simple_curve": noise,
     }
 
 
@@ -114,22 +121,38 @@ def _weighted(rec: dict[str, Any]) -> tuple[float | None, ...]:
     return dense_r, dense_c, table_r, table_c
 
 
-def _gsnr_figures(path: Path) -> tuple[list[float | None], list[list[float | None]]]:
-    """The means over steps of :func:`_weighted`'s four figures, and the curve of the two
-    ratios against the fraction of training done (at most :data:`CURVE_POINTS` points)."""
+def _thin(curve: list[list[Any]]) -> list[list[Any]]:
+    """At most :data:`CURVE_POINTS` points of a curve, evenly spaced, its last one kept."""
+    if len(curve) <= CURVE_POINTS:
+        return curve
+    every = -(-len(curve) // CURVE_POINTS)
+    return curve[-1::-every][::-1]
+
+
+def _b_simple(rec: dict[str, Any]) -> float | None:
+    """A gsnr.jsonl record's smoothed B_simple for the whole model (None without one)."""
+    value = ((rec.get("noise_scale") or {}).get("model") or {}).get("b_simple")
+    return value if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _gsnr_figures(
+    path: Path,
+) -> tuple[list[float | None], list[list[float | None]], list[list[float]]]:
+    """The means over steps of :func:`_weighted`'s four figures; the curve of the two ratios
+    against the fraction of training done; and the curve of the model's smoothed B_simple
+    (gradient noise scale) against it (each at most :data:`CURVE_POINTS` points)."""
     records = read_jsonl(path)
     per_step = [(rec["step"], _weighted(rec)) for rec in records]
     means: list[float | None] = []
     for i in range(4):
         xs = [w[i] for _, w in per_step if w[i] is not None]
         means.append(sum(xs) / len(xs) if xs else None)
-    curve = [[round(step / per_step[-1][0], 3), w[0], w[2]] for step, w in per_step]
+    last = records[-1]["step"] if records else 1
+    curve = [[round(step / last, 3), w[0], w[2]] for step, w in per_step]
     if all(d is None and t is None for _, d, t in curve):  # not a VR cell: nothing to plot
         curve = []
-    if len(curve) > CURVE_POINTS:
-        every = -(-len(curve) // CURVE_POINTS)
-        curve = curve[-1::-every][::-1]
-    return means, curve
+    noise = [[round(r["step"] / last, 3), b] for r in records if (b := _b_simple(r)) is not None]
+    return means, _thin(curve), _thin(noise)
 
 
 #: Figures a ledger record must hold, as finite numbers, to be used.

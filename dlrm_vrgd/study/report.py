@@ -608,7 +608,7 @@ def markdown(
 
 
 #: Per-cell curves: the ledger and the plots keep them, results.json does not.
-CURVES = ("val_curve", "gsnr_curve")
+CURVES = ("val_curve", "gsnr_curve", "b_simple_curve")
 
 
 def write_report(study: StudyConfig, out: Path) -> dict[str, Any]:

@@ -255,6 +255,11 @@ def test_a_fresh_checkout_resumes_from_the_ledger_and_trains_nothing_again(
     ledger = [json.loads(line) for line in (copy / "cells.jsonl").read_text().splitlines()]
     assert {r["cell"] for r in ledger} == {c["cell"] for c in results["cells"]}
     assert all(len(r["config_sha256"]) == 64 for r in ledger)
+    # the noise scale each cell measured is kept with it (the run directories will be gone)
+    for r in ledger:
+        result = json.loads((out / "cells" / r["cell"] / "result.json").read_text())
+        late = result["noise_scale"]["scopes"]["model"]
+        assert r["figures"]["b_simple"] == late["b_simple"] and r["figures"]["b_simple_curve"]
     statuses: list[str] = []
     again = run_study(study, copy, on_cell=lambda i, n, cell, status, rec: statuses.append(status))
     assert statuses and set(statuses) == {"skip"}, statuses  # no cell trained again
