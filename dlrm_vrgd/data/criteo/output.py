@@ -26,6 +26,7 @@ import numpy as np
 
 from dlrm_vrgd.data.criteo.format import NUM_CAT, NUM_INT
 from dlrm_vrgd.data.criteo.parse import ParsedBlock
+from dlrm_vrgd.procfs import is_alive
 
 logger = logging.getLogger(__name__)
 
@@ -155,16 +156,6 @@ class DayWriter:
 
 
 # ------------------------------------------------------------------------ staging / out
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def prepare_staging(out: Path, overwrite: bool) -> Path:
     """Check ``out`` and make a fresh staging directory next to it."""
     if out.exists():
@@ -182,7 +173,7 @@ def prepare_staging(out: Path, overwrite: bool) -> Path:
     pattern = re.compile(rf"^\.{re.escape(out.name)}\.(partial|old)-(\d+)$")
     for sibling in out.parent.iterdir():
         m = pattern.match(sibling.name)
-        if m and not _pid_alive(int(m.group(2))):
+        if m and not is_alive(int(m.group(2))):
             if m.group(1) == "partial":
                 logger.info("removing %s, left by an interrupted run", sibling)
                 shutil.rmtree(sibling, ignore_errors=True)

@@ -15,9 +15,22 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-logger = logging.getLogger(__name__)
+from dlrm_vrgd.procfs import PROC as _PROC
+from dlrm_vrgd.procfs import is_alive, start_time
+from dlrm_vrgd.procfs import stat_fields as _stat_fields
 
-_PROC = Path("/proc")
+__all__ = [
+    "describe_exit",
+    "is_alive",
+    "job_processes",
+    "renice",
+    "signal_group",
+    "signal_processes",
+    "spawn",
+    "start_time",
+]
+
+logger = logging.getLogger(__name__)
 
 
 def spawn(
@@ -44,43 +57,6 @@ def renice(pid: int, increment: int) -> None:
         os.setpriority(os.PRIO_PROCESS, pid, min(19, current + increment))
     except (ProcessLookupError, PermissionError, OSError) as err:
         logger.warning("could not renice process %d: %s", pid, err)
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name (field 3 = state onwards)."""
-    try:
-        raw = (_PROC / str(pid) / "stat").read_bytes()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    except OSError:
-        return None
-    end = raw.rfind(b")")
-    return raw[end + 2 :].decode(errors="replace").split()
-
-
-def start_time(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot) or None where /proc is absent."""
-    fields = _stat_fields(pid)
-    return fields[19] if fields and len(fields) > 19 else None
-
-
-def is_alive(pid: int, started: str | None = None) -> bool:
-    """True if ``pid`` runs (not a zombie) and, when ``started`` is given, is the same process
-    that had that start time (not a reused pid)."""
-    fields = _stat_fields(pid)
-    if fields is None:
-        if _PROC.is_dir():
-            return False
-        try:  # no /proc (not Linux): a plain existence check
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    if fields[0] in ("Z", "X"):
-        return False
-    return started is None or (len(fields) > 19 and fields[19] == started)
 
 
 def job_processes(pgid: int, marker: str | None = None) -> list[int]:
