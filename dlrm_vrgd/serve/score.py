@@ -591,6 +591,8 @@ def resolve_engine(
     ``auto`` with the file listed and ``device`` cpu), else the torch module."""
     if engine not in ("auto", "onnxruntime", "torch"):
         raise ValueError(f"--engine {engine!r}: not auto, onnxruntime or torch")
+    if engine == "torch":
+        return "torch"
     has_onnx = m.ONNX in m.read_manifest(Path(model_dir), verify=False)["files"]
     if engine == "onnxruntime" or (engine == "auto" and has_onnx and device == "cpu"):
         if not has_onnx:
