@@ -180,6 +180,10 @@ def _summary_row(
             "gsnr_dense_clipped": _r(avg("gsnr_dense_clipped"), "gsnr_dense"),
             "gsnr_tables": _r(avg("gsnr_tables"), "gsnr_tables"),
             "gsnr_tables_clipped": _r(avg("gsnr_tables_clipped"), "gsnr_tables"),
+            # the gradient noise scale, median over the cells: over the last half of training
+            # (as `dlrm-vrgd advise`) and over its first tenth (the curve kept in the ledger)
+            "b_simple": _median([c["b_simple"] for c in chosen if c.get("b_simple")]),
+            "b_simple_early": _median([b for c in chosen if (b := _early_b_simple(c)) is not None]),
             # every reported cell's test AUC, by seed: what the paired statistics are made of
             "test_auc_by_seed": {str(c["seed"]): c["test_auc"] for c in chosen},
         }
@@ -189,6 +193,19 @@ def _summary_row(
             str(m): _r(_mean([c["val_auc"] for c in cs]), "val_auc") for m, cs in select.items()
         }
     return row
+
+
+#: "Early" in training, for the noise scale: this fraction of the steps.
+EARLY = 0.1
+
+
+def _early_b_simple(cell: dict[str, Any]) -> float | None:
+    """Median of a cell's smoothed B_simple over the first :data:`EARLY` of its training."""
+    return _median([b for x, b in cell.get("b_simple_curve") or [] if x <= EARLY])
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 1) if xs else None
 
 
 def _rs(values: Any, digits: int = 6) -> Any:
@@ -361,13 +378,15 @@ MD_COLUMNS = [
     ("gsnr_tables", "GSNR ratio tables"),
     ("gsnr_dense_clipped", "at γ dense"),
     ("gsnr_tables_clipped", "at γ tables"),
+    ("b_simple_early", "B_simple, first 10%"),
+    ("b_simple", "B_simple, last half"),
 ]
 
 
 def _cell(value: Any, key: str) -> str:
     if value is None:
         return "–"
-    if key == "rows_to_target":
+    if key in ("rows_to_target", "b_simple", "b_simple_early"):
         return f"{value:,.0f}"
     if isinstance(value, float) and key in DIGITS:
         return f"{value:.{DIGITS[key]}f}"

@@ -363,3 +363,24 @@ def test_round_three_32k_config_is_the_preregistered_design() -> None:
     assert study.base["data"] == regime.base["data"] and study.base["model"] == regime.base["model"]
     prereg = (root / "docs" / "study" / "cpu_round3_32k" / "PREREGISTRATION.md").read_text()
     assert "below 0.78" in prereg and "100–107" in prereg and "32,768" in prereg
+
+
+def test_the_noise_scale_columns_are_medians_over_the_reported_cells() -> None:
+    study = tiny(lr_multipliers=[1.0], rule_multiplier=1.0, seeds=[0, 1, 2])
+    cells = _cells({(128, "sgd"): [0.80, 0.81, 0.82]})
+    late = [900.0, 100.0, 400.0]  # median 400
+    curves = [  # first tenth: (10, 30) -> 20; (50,) -> 50; none -> left out; median 35
+        [[0.05, 10.0], [0.1, 30.0], [0.5, 999.0]],
+        [[0.02, 50.0], [0.9, 5.0]],
+        [[0.5, 7.0]],
+    ]
+    for c, b, curve in zip(cells, late, curves, strict=True):
+        c.update(b_simple=b, b_simple_curve=curve)
+    (row,) = summarize(study, cells)
+    assert row["b_simple"] == 400.0 and row["b_simple_early"] == 35.0
+    md = markdown(study, [row], 0.8, summarize(study, cells, "rule"))
+    assert "| 35 | 400 |" in md
+    # restored cells (no curve, no B_simple) give no figure, not a zero
+    bare = [{k: v for k, v in c.items() if not k.startswith("b_simple")} for c in cells]
+    (row,) = summarize(study, bare)
+    assert row["b_simple"] is None and row["b_simple_early"] is None
