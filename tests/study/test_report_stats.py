@@ -288,36 +288,27 @@ def test_study_report_cli_rewrites_the_reports(two_stage_run, tmp_path: Path) ->
     for name in ("results.md", "results.json", "results.csv"):
         (copy / name).unlink()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run(
-        [sys.executable, "-m", "dlrm_vrgd.cli", "study", "report", str(copy)],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
-    )  # fmt: skip
+
+    def report(where: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dlrm_vrgd.cli", "study", "report", str(where)],
+            capture_output=True, text=True, env=env, timeout=300, check=False,
+        )  # fmt: skip
+
+    done = report(copy)
     assert done.returncode == 0, done.stderr
     assert "rewrote" in done.stdout
     assert json.loads((copy / "results.json").read_text())["summary"] == results["summary"]
     assert (copy / "results.md").read_text() == (out / "results.md").read_text()
-    # from the ledger alone (a fresh checkout of a committed study has no cells/): the same
-    shutil.rmtree(copy / "cells")
-    (copy / "results.md").unlink()
-    done = subprocess.run(
-        [sys.executable, "-m", "dlrm_vrgd.cli", "study", "report", str(copy)],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert (copy / "results.md").read_text() == (out / "results.md").read_text()
-    # from results.json alone (a study committed before the ledger): the same tables
-    (copy / "cells.jsonl").unlink()
-    (copy / "results.md").unlink()
-    done = subprocess.run(
-        [sys.executable, "-m", "dlrm_vrgd.cli", "study", "report", str(copy)],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert (copy / "results.md").read_text() == (out / "results.md").read_text()
-    bad = subprocess.run(
-        [sys.executable, "-m", "dlrm_vrgd.cli", "study", "report", str(tmp_path / "nope")],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
-    )  # fmt: skip
+    # from the ledger alone (a fresh checkout of a committed study has no cells/), then from
+    # results.json alone (a study committed before the ledger): the same tables
+    for gone in (copy / "cells", copy / "cells.jsonl"):
+        shutil.rmtree(gone) if gone.is_dir() else gone.unlink()
+        (copy / "results.md").unlink()
+        done = report(copy)
+        assert done.returncode == 0, done.stderr
+        assert (copy / "results.md").read_text() == (out / "results.md").read_text(), gone.name
+    bad = report(tmp_path / "nope")
     assert bad.returncode != 0 and "study.json" in bad.stderr and "Traceback" not in bad.stderr
 
 
