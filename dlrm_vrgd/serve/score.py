@@ -151,6 +151,17 @@ class StreamingMetrics:
 
 
 # -------------------------------------------------------------------------------- output
+@dataclass(frozen=True)
+class _Scored:
+    """One block's predictions and where its rows came from."""
+
+    file: str
+    lines: np.ndarray  # 1-based line (or row) numbers in ``file``
+    ids: pa.Array | None
+    labels: np.ndarray | None  # -1 where a row has none
+    probs: np.ndarray
+
+
 class _Output:
     """Predictions appended as record batches to a temporary file, renamed when complete."""
 
@@ -175,14 +186,10 @@ class _Output:
             else pcsv.CSVWriter(str(self.tmp), self.schema)
         )
 
-    def write(
-        self,
-        file: str,
-        lines: np.ndarray,
-        ids: pa.Array | None,
-        labels: np.ndarray | None,
-        probs: np.ndarray,
-    ) -> None:
+    def write(self, block: _Scored) -> None:
+        file, lines, ids, labels, probs = (
+            block.file, block.lines, block.ids, block.labels, block.probs
+        )  # fmt: skip
         n = len(probs)
         if self.kaggle:
             if ids is None:
@@ -229,29 +236,15 @@ class _Sink:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="score-write")
         self.pending: deque[Future[None]] = deque()
 
-    def put(
-        self,
-        file: str,
-        lines: np.ndarray,
-        ids: pa.Array | None,
-        labels: np.ndarray | None,
-        probs: np.ndarray,
-    ) -> None:
+    def put(self, block: _Scored) -> None:
         while len(self.pending) >= self.depth:
             self.pending.popleft().result()
-        self.pending.append(self.pool.submit(self._write, file, lines, ids, labels, probs))
+        self.pending.append(self.pool.submit(self._write, block))
 
-    def _write(
-        self,
-        file: str,
-        lines: np.ndarray,
-        ids: pa.Array | None,
-        labels: np.ndarray | None,
-        probs: np.ndarray,
-    ) -> None:
-        self.writer.write(file, lines, ids, labels, probs)
-        if self.metrics is not None and labels is not None:
-            self.metrics.update(probs, labels)
+    def _write(self, block: _Scored) -> None:
+        self.writer.write(block)
+        if self.metrics is not None and block.labels is not None:
+            self.metrics.update(block.probs, block.labels)
 
     def drain(self) -> None:
         while self.pending:
@@ -683,7 +676,7 @@ def _score_raw(
         if len(parsed):
             probs = predict(parsed.dense, sparse)
             labels = parsed.labels if layout.labeled else None
-            sink.put(name, lines + offset, ids, labels, probs)
+            sink.put(_Scored(name, lines + offset, ids, labels, probs))
         state.advance(position - seen, len(parsed))
         seen = position
 
@@ -832,7 +825,7 @@ def _score_days(
             sparse = mapper.day_ids(np.array(day.sparse[a:b], dtype=np.int64))
             probs = predict(np.array(day.dense[a:b]), sparse)
             labels = np.asarray(day.labels[a:b, 0], dtype=np.int32) if day.labeled else None
-            sink.put(name, np.arange(a + 1, b + 1, dtype=np.int64), None, labels, probs)
+            sink.put(_Scored(name, np.arange(a + 1, b + 1, dtype=np.int64), None, labels, probs))
             state.advance((b - a) * _DAY_ROW_BYTES, b - a)
 
 
