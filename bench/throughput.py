@@ -16,7 +16,7 @@ The four run interleaved within every repetition (A B C D, then reversed); each 
 median over repetitions of that repetition's pair, with its 95% order-statistic interval
 (common.median_interval). ``--json`` writes the figures for ``bench/run_all.py --save``.
 
-    python bench/throughput.py [--micro-batch 4096] [--k 8] [--reps 21] [--json PATH]
+    python bench/throughput.py [--micro-batch 4096] [--k 8] [--reps 41] [--json PATH]
 """
 
 from __future__ import annotations
@@ -88,7 +88,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--micro-batch", type=int, default=4096)
     ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--reps", type=int, default=21, help="repetitions of every variant")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=41,
+        help="repetitions of every variant (41: intervals within +-5%% on 2 idle cores)",
+    )
     ap.add_argument("--json", help="write the figures here (bench/run_all.py --save)")
     args = ap.parse_args()
     torch.set_num_threads(threads())
