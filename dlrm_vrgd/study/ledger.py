@@ -157,6 +157,34 @@ def _gsnr_figures(
 
 #: Figures a ledger record must hold, as finite numbers, to be used.
 _REQUIRED = ("val_auc", "test_auc")
+#: Figures that, when present, are a finite number or null.
+_NUMBERS = (
+    "dense_lr", "sparse_lr", "steps", "rows", "oracle_test_auc", "oracle_val_auc", "train_auc",
+    "wall_s", "gsnr_dense", "gsnr_dense_clipped", "gsnr_tables", "gsnr_tables_clipped",
+    "b_simple", "b_simple_p10", "b_simple_p90", "groups",
+)  # fmt: skip
+#: Curves and the length of their points: lists of points, each a list of finite numbers or
+#: nulls.
+_CURVES = {"val_curve": 3, "gsnr_curve": 3, "b_simple_curve": 2}
+
+
+def _identity(cell: Cell) -> dict[str, Any]:
+    """The figures that say which cell this is, from the study (k only where the cell sets it:
+    otherwise it comes from the micro-batch rule, and the record's figure stands)."""
+    ident = {
+        "cell": cell.id,
+        "global_batch": cell.global_batch,
+        "optimizer": cell.optimizer,
+        "lr_multiplier": cell.lr_multiplier,
+        "seed": cell.seed,
+    }
+    if cell.groups is not None:
+        ident["groups"] = cell.groups
+    return ident
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class Ledger:
@@ -191,7 +219,8 @@ class Ledger:
                     f"{self.path}: cell {cell.id} trained another config than this study gives "
                     "it (config_sha256 differs): use another output directory"
                 )
-            figures = {**rec["figures"], "cell": cell.id}
+            # what the cell is comes from the study, never from the file
+            figures = {**rec["figures"], **_identity(cell)}
         else:
             return None
         self._figures[cell.id] = figures
@@ -227,8 +256,18 @@ def _valid(rec: dict[str, Any], where: str) -> str:
     if not isinstance(figures, dict):
         raise ValueError(f"{where}: 'figures' must be an object")
     for key in _REQUIRED:
-        value = figures.get(key)
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or not math.isfinite(value):
+        if not _number(figures.get(key)):
             raise ValueError(f"{where}: figures.{key} must be a finite number")
+    for key in _NUMBERS:
+        if figures.get(key) is not None and not _number(figures[key]):
+            raise ValueError(f"{where}: figures.{key} must be a finite number or null")
+    for key, size in _CURVES.items():
+        curve = figures.get(key)
+        if curve is None:
+            continue
+        if not isinstance(curve, list) or not all(
+            isinstance(p, list) and len(p) == size and all(v is None or _number(v) for v in p)
+            for p in curve
+        ):
+            raise ValueError(f"{where}: figures.{key} must be a list of points of {size} numbers")
     return cell

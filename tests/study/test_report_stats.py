@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from dlrm_vrgd.study.config import Cell
+from dlrm_vrgd.study.ledger import Ledger
 from dlrm_vrgd.study.protocol import plan
 from dlrm_vrgd.study.report import batch_effects, compare_pairs, interactions, markdown, summarize
 from dlrm_vrgd.study.run import run_study
@@ -279,6 +281,20 @@ def test_a_fresh_checkout_resumes_from_the_ledger_and_trains_nothing_again(
     )
     with pytest.raises(ValueError, match=r"cells\.jsonl:2: 'config_sha256'"):
         run_study(study, copy)
+    # the file is data: what a cell is comes from the study, and a figure that is not a
+    # number is named, as is a curve of the wrong shape
+    liar = {**ledger[1], "figures": {**ledger[1]["figures"], "optimizer": "x", "seed": 99}}
+    (copy / "cells.jsonl").write_text(json.dumps(liar) + "\n")
+    f = ledger[1]["figures"]
+    cell = Cell(f["global_batch"], f["optimizer"], f["lr_multiplier"], f["seed"])
+    assert cell.id == liar["cell"]
+    got = Ledger(study, copy).figures(cell)
+    assert got is not None and (got["optimizer"], got["seed"]) == (cell.optimizer, cell.seed)
+    for key, bad in (("wall_s", "fast"), ("b_simple", float("inf")), ("val_curve", [[1, 2]])):
+        rec = {**ledger[1], "figures": {**ledger[1]["figures"], key: bad}}
+        (copy / "cells.jsonl").write_text(json.dumps(rec) + "\n")
+        with pytest.raises(ValueError, match=rf"cells\.jsonl:1: figures\.{key} must be"):
+            Ledger(study, copy)
 
 
 def test_study_report_cli_rewrites_the_reports(two_stage_run, tmp_path: Path) -> None:
