@@ -38,7 +38,8 @@ MODEL_NOTE = (
 )
 
 
-def _number(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
+    """``value`` as a float if it is a finite number (not a bool), else None: files are data."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     value = float(value)
@@ -117,7 +118,7 @@ def advise_records(
             v
             for _, r in window
             if isinstance(r.get(scope), dict)
-            and (v := _number(r[scope].get("b_simple"))) is not None
+            and (v := finite(r[scope].get("b_simple"))) is not None
         )
         if not values:
             continue

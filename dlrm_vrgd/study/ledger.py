@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any
 
+from dlrm_vrgd.advice import finite
 from dlrm_vrgd.rundir import CONFIG, RESULT, atomic_write_bytes, read_jsonl
 from dlrm_vrgd.study.config import Cell, StudyConfig
 
@@ -131,8 +131,7 @@ def _thin(curve: list[list[Any]]) -> list[list[Any]]:
 
 def _b_simple(rec: dict[str, Any]) -> float | None:
     """A gsnr.jsonl record's smoothed B_simple for the whole model (None without one)."""
-    value = ((rec.get("noise_scale") or {}).get("model") or {}).get("b_simple")
-    return value if isinstance(value, int | float) and math.isfinite(value) else None
+    return finite(((rec.get("noise_scale") or {}).get("model") or {}).get("b_simple"))
 
 
 def _gsnr_figures(
@@ -184,7 +183,7 @@ def _identity(cell: Cell) -> dict[str, Any]:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return finite(value) is not None
 
 
 class Ledger:
