@@ -160,13 +160,14 @@ def _run_two_stage(
     (:mod:`dlrm_vrgd.study.protocol`), until it needs none. ``picks.json`` records the picks
     and the rule's multipliers as they are fixed."""
     val, p = finished_val_aucs(study, ledger.val_auc)
-    for i, cell in enumerate(c for c in p.tune_cells + p.confirm_cells if c.id in val):
+    cells[:] = p.tune_cells + p.confirm_cells  # the total as known now
+    for i, cell in enumerate(c for c in cells if c.id in val):
         finished(i, cell, "skip")
     while True:
         _write_picks(out, p)
         if not p.todo:
             return
-        cells[:] = p.tune_cells + p.confirm_cells  # the total as known now
+        cells[:] = p.tune_cells + p.confirm_cells
         run_cells([(cells.index(c), c) for c in p.todo])
         val, p = finished_val_aucs(study, ledger.val_auc)
 

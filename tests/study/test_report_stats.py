@@ -263,8 +263,18 @@ def test_a_fresh_checkout_resumes_from_the_ledger_and_trains_nothing_again(
         late = result["noise_scale"]["scopes"]["model"]
         assert r["figures"]["b_simple"] == late["b_simple"] and r["figures"]["b_simple_curve"]
     statuses: list[str] = []
-    again = run_study(study, copy, on_cell=lambda i, n, cell, status, rec: statuses.append(status))
+    totals: set[int] = set()
+
+    def heard(i: int, n: int, cell: Cell, status: str, rec: dict | None) -> None:
+        statuses.append(status)
+        totals.add(n)
+
+    again = run_study(study, copy, on_cell=heard)
     assert statuses and set(statuses) == {"skip"}, statuses  # no cell trained again
+    # every line names the whole plan as its total, confirmation cells counted ("[9/4 done]" was)
+    assert totals == {results["cells_total"]}
+    lines = (copy / "metrics.jsonl").read_text().splitlines()
+    assert {json.loads(line)["total_cells"] for line in lines} == {results["cells_total"]}
     assert not (copy / "cells").exists()
     assert again["summary"] == results["summary"]
     # a cell stored under another config's digest is refused, by file, and nothing is lost

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -137,12 +138,21 @@ def test_a_study_is_a_parent_run_with_its_tables_and_plots(tmp_path: Path) -> No
     assert json.loads((out / "mlflow.json").read_text())["run_id"] == parent
 
 
-def _cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
+def _cli(cwd: Path, *argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; on a timeout, SIGABRT makes the child's faulthandler print every thread's
+    stack, and the test fails with it (a hang says where it hangs)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1"}
+    with subprocess.Popen(
         [sys.executable, "-m", "dlrm_vrgd.cli", *argv],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as child:  # fmt: skip
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGABRT)
+            out, err = child.communicate(timeout=30)
+            pytest.fail(f"dlrm-vrgd {argv[0]} hung for {timeout:.0f} s; its stacks:\n{err[-20000:]}")
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
 
 
 def test_the_cli_keeps_artifacts_beside_the_store_and_registers_the_model(tmp_path: Path) -> None:
