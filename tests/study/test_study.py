@@ -524,3 +524,32 @@ def test_the_auc_plot_fits_its_y_range_to_the_points() -> None:
     assert (lo, hi) == pytest.approx((0.610 - 0.003, 0.630 + 0.003))
     assert _fitted([0.7], [0.7]) == pytest.approx((0.7 - 0.0003, 0.7 + 0.0003))  # 0.002 wide
     assert _fitted([], []) is None
+
+
+def _committed_ledgers() -> list[Path]:
+    return sorted((Path(__file__).resolve().parents[2] / "docs" / "study").glob("*/cells.jsonl"))
+
+
+@pytest.mark.parametrize("ledger", _committed_ledgers(), ids=lambda p: p.parent.name)
+def test_every_committed_ledger_resumes_under_todays_config(ledger: Path) -> None:
+    """Each committed study's ledger names cells of its config, each under the digest of the
+    config that study gives the cell today: a code change that alters what a cell trains shows
+    here (the study would refuse to resume), not in a later session's rerun."""
+    from dlrm_vrgd.study.ledger import Ledger
+    from dlrm_vrgd.study.run import _spec
+
+    out = ledger.parent
+    saved = json.loads((out / "study.json").read_text())
+    study = _shipped_study(saved["name"])
+    assert _spec(saved) == _spec(study.model_dump(mode="json"))
+    planned = {c.id: c for c in study.cells()}
+    if study.two_stage:  # the confirmation cells are planned from the tuning cells' picks
+        from dlrm_vrgd.study.protocol import finished_val_aucs
+
+        _, plan = finished_val_aucs(study, Ledger(study, out).val_auc)
+        planned |= {c.id: c for c in plan.tune_cells + plan.confirm_cells}
+    stored = [json.loads(line)["cell"] for line in ledger.read_text().splitlines()]
+    assert stored and set(stored) <= set(planned), set(stored) - set(planned)
+    book = Ledger(study, ledger.parent)
+    for cell_id in stored:
+        assert book.figures(planned[cell_id]) is not None
