@@ -136,7 +136,10 @@ def _summary_row(
         return None
     chosen.sort(key=lambda c: c["seed"])
     test = [c["test_auc"] for c in chosen]
-    reached = [c["rows_to_target"] for c in chosen if c["rows_to_target"] is not None]
+    # a cell restored from its one-line record kept no validation curve: whether it reached
+    # the target is unknown, not "no"
+    measured = [c for c in chosen if "val_curve" in c or c.get("restored") != "metrics.jsonl"]
+    reached = [c["rows_to_target"] for c in measured if c["rows_to_target"] is not None]
 
     def avg(key: str, cs: list[dict[str, Any]] = chosen) -> float | None:
         xs = [c[key] for c in cs if c.get(key) is not None]
@@ -172,7 +175,7 @@ def _summary_row(
                 _r(train_auc - _mean(test), "train_test_gap") if train_auc else None
             ),
             "rows_to_target": _mean(reached) if reached else None,
-            "reached_target": f"{len(reached)}/{len(chosen)}",
+            "reached_target": f"{len(reached)}/{len(measured)}" if measured else None,
             "collapsed": collapsed,
             "collapsed_ci": _rs(clopper_pearson(collapsed, len(test))),
             "wall_s": _r(avg("wall_s"), "wall_s"),

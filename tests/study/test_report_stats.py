@@ -401,3 +401,25 @@ def test_the_noise_scale_columns_are_medians_over_the_reported_cells() -> None:
     bare = [{k: v for k, v in c.items() if not k.startswith("b_simple")} for c in cells]
     (row,) = summarize(study, bare)
     assert row["b_simple"] is None and row["b_simple_early"] is None
+
+
+def test_a_cell_restored_without_its_curve_is_not_counted_as_missing_the_target() -> None:
+    """Restored from its one-line record, a cell kept no validation curve: "reached target"
+    counts only the cells that can say (2 of 2 here, not 2 of 3), and none at all reads "–"."""
+    study = tiny(**TWO_STAGE)
+    cells = _two_stage_cells(study, lambda c: 0.7 - abs(c.lr_multiplier - 1), lambda c: 0.8)
+    for c in cells:
+        c["rows_to_target"] = 1000 if c["seed"] != 10 else None
+        if c["seed"] == 10:
+            c["restored"] = "metrics.jsonl"
+    p = plan(study, {c["cell"]: c["val_auc"] for c in cells})
+    rows = summarize(study, cells, "tuned", p)
+    assert rows and {r["reached_target"] for r in rows} == {"2/2"}
+    for c in cells:
+        c["restored"] = "metrics.jsonl"
+    rows = summarize(study, cells, "tuned", p)
+    assert {r["reached_target"] for r in rows} == {None}
+    assert "| – |" in markdown(study, rows, 0.8)
+    for c in cells:  # a cell restored from results.json kept its figure: None is "not reached"
+        c["restored"] = "results.json"
+    assert {r["reached_target"] for r in summarize(study, cells, "tuned", p)} == {"2/3"}
