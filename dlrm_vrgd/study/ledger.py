@@ -59,7 +59,7 @@ def cell_figures(study: StudyConfig, cell: Cell, run_dir: Path) -> dict[str, Any
     result = json.loads((run_dir / RESULT).read_text())
     records = read_jsonl(run_dir / "metrics.jsonl")
     evals = [r for r in records if r.get("kind") == "eval" and r.get("split") == "val"]
-    (dense_ratio, dense_clip, table_ratio, table_clip), curve, noise = _gsnr_figures(
+    (dense_ratio, dense_clip, table_ratio, table_clip, cowclip), curve, noise = _gsnr_figures(
         run_dir / "gsnr.jsonl"
     )
     late = (result.get("noise_scale") or {}).get("scopes", {}).get("model") or {}
@@ -88,6 +88,9 @@ def cell_figures(study: StudyConfig, cell: Cell, run_dir: Path) -> dict[str, Any
         "gsnr_dense_clipped": dense_clip,
         "gsnr_tables": table_ratio,
         "gsnr_tables_clipped": table_clip,
+        # CowClip cells: the fraction of touched rows whose gradient the clip shrank, mean over
+        # the recorded steps
+        "cowclip_clipped": cowclip,
         "val_curve": [(r["samples"], r["auc"], r["step"]) for r in evals],
         # [fraction of training, dense ratio, table ratio] (the plots read it)
         "gsnr_curve": curve,
@@ -105,9 +108,10 @@ CURVE_POINTS = 50
 
 
 def _weighted(rec: dict[str, Any]) -> tuple[float | None, ...]:
-    """One gsnr.jsonl record's element-weighted dense ratio and fraction clipped, and its
-    touched-row-weighted table ratio and fraction clipped (None where not measured)."""
-    dense_r = dense_c = table_r = table_c = None
+    """One gsnr.jsonl record's element-weighted dense ratio and fraction clipped, its
+    touched-row-weighted table ratio and fraction clipped, and the touched-row-weighted fraction
+    of rows CowClip clipped (None where not measured)."""
+    dense_r = dense_c = table_r = table_c = cow = None
     measured = [d for d in rec.get("dense", []) if d.get("raw_gsnr") is not None]
     n = sum(d["numel"] for d in measured)
     if n:
@@ -118,7 +122,11 @@ def _weighted(rec: dict[str, Any]) -> tuple[float | None, ...]:
     if n:
         table_r = sum(t["ratio"] * t["touched_rows"] for t in tables) / n
         table_c = sum(t["frac_clipped"] * t["touched_rows"] for t in tables) / n
-    return dense_r, dense_c, table_r, table_c
+    clipped = [t for t in rec.get("tables", []) if t.get("cowclip_clipped") is not None]
+    n = sum(t["touched_rows"] for t in clipped)
+    if n:
+        cow = sum(t["cowclip_clipped"] * t["touched_rows"] for t in clipped) / n
+    return dense_r, dense_c, table_r, table_c, cow
 
 
 def _thin(curve: list[list[Any]]) -> list[list[Any]]:
@@ -137,13 +145,13 @@ def _b_simple(rec: dict[str, Any]) -> float | None:
 def _gsnr_figures(
     path: Path,
 ) -> tuple[list[float | None], list[list[float | None]], list[list[float]]]:
-    """The means over steps of :func:`_weighted`'s four figures; the curve of the two ratios
+    """The means over steps of :func:`_weighted`'s five figures; the curve of the two ratios
     against the fraction of training done; and the curve of the model's smoothed B_simple
     (gradient noise scale) against it (each at most :data:`CURVE_POINTS` points)."""
     records = read_jsonl(path)
     per_step = [(rec["step"], _weighted(rec)) for rec in records]
     means: list[float | None] = []
-    for i in range(4):
+    for i in range(5):
         xs = [w[i] for _, w in per_step if w[i] is not None]
         means.append(sum(xs) / len(xs) if xs else None)
     last = records[-1]["step"] if records else 1
@@ -160,7 +168,7 @@ _REQUIRED = ("val_auc", "test_auc")
 _NUMBERS = (
     "dense_lr", "sparse_lr", "steps", "rows", "oracle_test_auc", "oracle_val_auc", "train_auc",
     "wall_s", "gsnr_dense", "gsnr_dense_clipped", "gsnr_tables", "gsnr_tables_clipped",
-    "b_simple", "b_simple_p10", "b_simple_p90", "groups",
+    "b_simple", "b_simple_p10", "b_simple_p90", "groups", "cowclip_clipped",
 )  # fmt: skip
 #: Curves and the length of their points: lists of points, each a list of finite numbers or
 #: nulls.

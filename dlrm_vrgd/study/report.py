@@ -30,6 +30,7 @@ DIGITS = {
     "gsnr_tables": 3,
     "gsnr_dense_clipped": 3,
     "gsnr_tables_clipped": 3,
+    "cowclip_clipped": 3,
     "wall_s": 1,
     "auc_change": 4,
 }
@@ -183,6 +184,7 @@ def _summary_row(
             "gsnr_dense_clipped": _r(avg("gsnr_dense_clipped"), "gsnr_dense"),
             "gsnr_tables": _r(avg("gsnr_tables"), "gsnr_tables"),
             "gsnr_tables_clipped": _r(avg("gsnr_tables_clipped"), "gsnr_tables"),
+            "cowclip_clipped": _r(avg("cowclip_clipped"), "cowclip_clipped"),
             # the gradient noise scale, median over the cells: over the last half of training
             # (as `dlrm-vrgd advise`) and over its first tenth (the curve kept in the ledger)
             "b_simple": _median([c["b_simple"] for c in chosen if c.get("b_simple")]),
@@ -381,6 +383,7 @@ MD_COLUMNS = [
     ("gsnr_tables", "GSNR ratio tables"),
     ("gsnr_dense_clipped", "at γ dense"),
     ("gsnr_tables_clipped", "at γ tables"),
+    ("cowclip_clipped", "rows CowClip clipped"),
     ("b_simple_early", "B_simple, first 10%"),
     ("b_simple", "B_simple, last half"),
 ]

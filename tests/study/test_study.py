@@ -492,6 +492,22 @@ def test_a_study_with_groups_cowclip_and_adagrad_reports_both_protocols(tmp_path
         assert (tmp_path / png).stat().st_size > 10_000
     gsnr = read_jsonl(tmp_path / "cells" / "G256-cowclip-k2-lr1-s0" / "gsnr.jsonl")
     assert "cowclip_clipped" in gsnr[-1]["tables"][0]
+    # the ledger keeps CowClip's clipped fraction: per step weighted by touched rows, then the
+    # mean over steps (computed here from gsnr.jsonl); non-CowClip cells have none
+    per_step = [
+        sum(t["cowclip_clipped"] * t["touched_rows"] for t in r["tables"])
+        / sum(t["touched_rows"] for t in r["tables"])
+        for r in gsnr
+    ]
+    ledger = {
+        json.loads(line)["cell"]: json.loads(line)["figures"]
+        for line in (tmp_path / "cells.jsonl").read_text().splitlines()
+    }
+    got = ledger["G256-cowclip-k2-lr1-s0"]["cowclip_clipped"]
+    assert got == pytest.approx(sum(per_step) / len(per_step), rel=1e-12)
+    assert ledger["G256-sgd-k2-lr1-s0"]["cowclip_clipped"] is None
+    clipped = [s["cowclip_clipped"] for s in results["summary_rule"] if s["optimizer"] == "cowclip"]
+    assert clipped and all(c is not None and 0 <= c <= 1 for c in clipped)
 
 
 @pytest.mark.parametrize("name", ["study_cpu_cowclip", "study_gpu"])
