@@ -175,7 +175,7 @@ _NUMBERS = (
 _CURVES = {"val_curve": 3, "gsnr_curve": 3, "b_simple_curve": 2}
 
 
-def _identity(cell: Cell) -> dict[str, Any]:
+def cell_identity(cell: Cell) -> dict[str, Any]:
     """The figures that say which cell this is, from the study (k only where the cell sets it:
     otherwise it comes from the micro-batch rule, and the record's figure stands)."""
     ident = {
@@ -227,7 +227,7 @@ class Ledger:
                     "it (config_sha256 differs): use another output directory"
                 )
             # what the cell is comes from the study, never from the file
-            figures = {**rec["figures"], **_identity(cell)}
+            figures = {**rec["figures"], **cell_identity(cell)}
         else:
             return None
         self._figures[cell.id] = figures

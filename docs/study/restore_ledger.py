@@ -31,19 +31,15 @@ from typing import Any
 
 from dlrm_vrgd.rundir import atomic_write_bytes, read_jsonl
 from dlrm_vrgd.study.config import Cell, StudyConfig, load_study
-from dlrm_vrgd.study.ledger import LEDGER, cell_config, config_digest
+from dlrm_vrgd.study.ledger import LEDGER, cell_config, cell_identity, config_digest
 
 
 def _from_metrics(study: StudyConfig, rec: dict[str, Any], cell: Cell) -> dict[str, Any]:
     config = cell_config(study, cell)
     steps = study.train_rows // cell.global_batch
     return {
-        "cell": cell.id,
-        "global_batch": cell.global_batch,
-        "optimizer": cell.optimizer,
-        "lr_multiplier": cell.lr_multiplier,
-        "seed": cell.seed,
-        "groups": cell.groups,
+        "groups": rec["groups"],
+        **cell_identity(cell),
         "dense_lr": config["optim"]["dense"]["lr"],
         "sparse_lr": config["optim"]["sparse"]["lr"],
         "steps": steps,
@@ -61,6 +57,16 @@ def _from_metrics(study: StudyConfig, rec: dict[str, Any], cell: Cell) -> dict[s
         "gsnr_tables": None,
         "gsnr_tables_clipped": None,
     }
+
+
+def _cell(rec: dict[str, Any], source: str) -> Cell:
+    """The cell a record names: k is part of its id only on a study's groups axis (elsewhere the
+    record's ``groups`` is the k the micro-batch rule gave)."""
+    args = (rec["global_batch"], rec["optimizer"], rec["lr_multiplier"], rec["seed"])
+    for cell in (Cell(*args, rec["groups"]), Cell(*args)):
+        if cell.id == rec["cell"]:
+            return cell
+    raise SystemExit(f"{source}: cell {rec['cell']} is not what its fields say")
 
 
 def main() -> None:
@@ -82,11 +88,7 @@ def main() -> None:
     for rec in records:
         if rec["optimizer"] in args.skip_optimizer:
             continue
-        cell = Cell(
-            rec["global_batch"], rec["optimizer"], rec["lr_multiplier"], rec["seed"], rec["groups"]
-        )
-        if cell.id != rec["cell"]:
-            raise SystemExit(f"{args.source}: cell {rec['cell']} is not what its fields say")
+        cell = _cell(rec, args.source)
         if args.source == "metrics.jsonl":
             figures = _from_metrics(study, rec, cell)
         else:

@@ -423,3 +423,40 @@ def test_a_cell_restored_without_its_curve_is_not_counted_as_missing_the_target(
     for c in cells:  # a cell restored from results.json kept its figure: None is "not reached"
         c["restored"] = "results.json"
     assert {r["reached_target"] for r in summarize(study, cells, "tuned", p)} == {"2/3"}
+
+
+def test_a_ledger_restored_from_results_json_retrains_only_the_skipped_arm(
+    two_stage_run, tmp_path: Path
+) -> None:
+    """docs/study/restore_ledger.py: a study committed before the ledger (results.json, no
+    cells) gets its ledger back; the arm left out with --skip-optimizer is trained again, every
+    other cell is skipped with the figures it had."""
+    study, out, results = two_stage_run
+    copy = tmp_path / "old"
+    copy.mkdir()
+    for name in ("study.json", "results.json"):
+        shutil.copy(out / name, copy / name)
+    config = tmp_path / "study.yaml"
+    config.write_text(json.dumps(study.model_dump(mode="json")))
+    script = Path(__file__).resolve().parents[2] / "docs" / "study" / "restore_ledger.py"
+    argv = [sys.executable, str(script), str(config), str(copy), "--from", "results.json"]
+    env = {**os.environ, "PYTHONPATH": str(script.parents[2])}
+    proc = subprocess.run(
+        [*argv, "--skip-optimizer", "vrsgd"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in (copy / "cells.jsonl").read_text().splitlines()]
+    kept = {c["cell"] for c in results["cells"] if c["optimizer"] != "vrsgd"}
+    assert {r["cell"] for r in records} == kept
+    assert {r["figures"]["restored"] for r in records} == {"results.json"}
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode != 0 and "exists: nothing restored" in again.stderr
+    seen: dict[str, str] = {}
+    rerun = run_study(study, copy, on_cell=lambda i, n, c, status, rec: seen.update({c.id: status}))
+    assert {c for c, st in seen.items() if st == "skip"} == kept
+    assert {c for c, st in seen.items() if st == "done"} == {
+        c["cell"] for c in results["cells"] if c["optimizer"] == "vrsgd"
+    }
+    by_id = {c["cell"]: c for c in rerun["cells"]}
+    for c in results["cells"]:  # the restored figures are the report's, the retrained equal too
+        assert by_id[c["cell"]]["test_auc"] == pytest.approx(c["test_auc"], abs=1e-6)
