@@ -94,7 +94,11 @@ def main() -> None:
         else:
             figures = {k: v for k, v in rec.items() if k != "restored"}
         digest = config_digest(cell_config(study, cell))
-        record = {"cell": cell.id, "config_sha256": digest, "figures": {**figures, "restored": args.source}}
+        record = {
+            "cell": cell.id,
+            "config_sha256": digest,
+            "figures": {**figures, "restored": args.source},
+        }
         lines.append(json.dumps(record, separators=(",", ":")))
     atomic_write_bytes(ledger, ("\n".join(lines) + "\n").encode())
     print(f"restored {len(lines)} cells into {ledger}")

@@ -151,7 +151,9 @@ def _cli(cwd: Path, *argv: str, timeout: float = 600) -> subprocess.CompletedPro
         except subprocess.TimeoutExpired:
             child.send_signal(signal.SIGABRT)
             out, err = child.communicate(timeout=30)
-            pytest.fail(f"dlrm-vrgd {argv[0]} hung for {timeout:.0f} s; its stacks:\n{err[-20000:]}")
+            pytest.fail(
+                f"dlrm-vrgd {argv[0]} hung for {timeout:.0f} s; its stacks:\n{err[-20000:]}"
+            )
     return subprocess.CompletedProcess(child.args, child.returncode, out, err)
 
 
