@@ -165,8 +165,9 @@ def write_plots(
     else:
         plt.close(fig)
 
-    # 4. test AUC against k (gradient groups per step), VR optimizers, both protocols
-    if gsnr:
+    # 4. test AUC against k (gradient groups per step), VR optimizers, both protocols; only
+    # where some VR arm has k (a study off the groups axis has no k to plot against)
+    if any(s["optimizer"] in gsnr and s.get("groups") is not None for s in summary):
         fig, axes = plt.subplots(
             1, len(protocols), figsize=(6 * len(protocols), 4), squeeze=False, sharey=True
         )
@@ -203,6 +204,8 @@ def write_plots(
         axes[0][0].set_ylabel("test AUC (mean ± sd over seeds)")
         axes[0][-1].legend(fontsize=8)
         paths.append(_save(fig, out / "auc_vs_groups.png"))
+    else:  # an empty plot from an older report goes
+        (out / "auc_vs_groups.png").unlink(missing_ok=True)
     return paths
 
 

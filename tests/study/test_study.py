@@ -569,3 +569,18 @@ def test_every_committed_ledger_resumes_under_todays_config(ledger: Path) -> Non
     book = Ledger(study, ledger.parent)
     for cell_id in stored:
         assert book.figures(planned[cell_id]) is not None
+
+
+def test_a_study_without_k_writes_no_k_plot_and_drops_an_empty_one(tmp_path: Path) -> None:
+    """docs/study/cpu has no k (no groups axis, micro-batches unset): `study report` from its
+    results.json (no curves there, so no curve plots) writes the AUC plot, no
+    auc_vs_groups.png, and removes the empty one older code left."""
+    from dlrm_vrgd.study.report import write_report
+
+    src = Path(__file__).resolve().parents[2] / "docs" / "study" / "cpu"
+    for name in ("study.json", "results.json"):
+        shutil.copy(src / name, tmp_path / name)
+    (tmp_path / "auc_vs_groups.png").write_bytes(b"stale")
+    write_report(_shipped_study("study_cpu"), tmp_path)
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == ["auc_vs_batch.png"]
