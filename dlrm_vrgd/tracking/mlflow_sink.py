@@ -45,6 +45,17 @@ MAX_METRICS, MAX_PARAMS = 1000, 100
 END_WAIT_S = 120.0
 
 
+def _import_mlflow() -> None:
+    """Import what the sink's worker uses (a no-op once imported; an ImportError is raised where
+    :func:`_client` reports it, on the worker)."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # no usage reports from a trainer
+    try:
+        import mlflow.entities  # noqa: F401
+        import mlflow.tracking  # noqa: F401
+    except ImportError:
+        pass
+
+
 def _client(cfg: MlflowConfig) -> Any:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(HTTP_RETRIES))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(HTTP_TIMEOUT_S))
@@ -146,6 +157,10 @@ class MlflowSink(Sink):
         self._last_send = time.monotonic()
         self._opened = threading.Event()
         self._finished = False
+        # MLflow is imported here, on the caller's thread, before the worker starts: importing
+        # it on the worker while the training thread imports torch's modules has hung runs
+        # (twice in CI: the store never created, the run stuck after its last step)
+        _import_mlflow()
         self._worker = Worker(f"MLflow export to {redact(cfg.tracking_uri)}")
         self._worker.submit(self._open)
 
