@@ -73,7 +73,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("config", type=Path)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--from", dest="source", choices=["metrics.jsonl", "results.json"])
+    ap.add_argument(
+        "--from", dest="source", required=True, choices=["metrics.jsonl", "results.json"]
+    )
     ap.add_argument("--skip-optimizer", action="append", default=[])
     args = ap.parse_args()
     study = load_study(args.config)
