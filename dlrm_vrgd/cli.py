@@ -447,8 +447,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     import time
 
     from dlrm_vrgd import rundir
+    from dlrm_vrgd.malloc import set_mmap_threshold
     from dlrm_vrgd.serve.score import score, summary_lines
-    from dlrm_vrgd.train.malloc import set_mmap_threshold
 
     # blocks and their parsed arrays are MiBs each: from mmap, so freeing one returns it and the
     # peak RSS stays flat in the input length (glibc's adaptive threshold lets it creep)

@@ -496,7 +496,7 @@ class RunConfig(_Section):
     #: `nproc_per_node` when `train` launches several ranks).
     threads: Count(1, 4096) | None = None
     #: Fix glibc's mmap threshold (KiB) so freed buffers return to the system: resident memory
-    #: stops creeping over many micro-batches, steps get slower (see train/malloc.py); 0 = off.
+    #: stops creeping over many micro-batches, steps get slower (see dlrm_vrgd/malloc.py); 0 = off.
     malloc_mmap_threshold_kb: Count(0, 32 * 1024) = 0
     #: Processes per node, nodes (torchrun); world size W = nnodes x nproc_per_node.
     nproc_per_node: Count(1, 256) = 1

@@ -31,6 +31,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from dlrm_vrgd.embedding.capture import LookupCapture, LookupLayout, Pooling, RowSpace
 from dlrm_vrgd.embedding.init import table_init
+from dlrm_vrgd.malloc import released
 
 FUSED_OPTIMIZERS: dict[str, EmbOptimType] = {
     "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
@@ -65,7 +66,7 @@ def replay_rows(
     tbe.set_learning_rate(lr)
     device = rows[0].device
     bags = min(chunk_rows, most)
-    for start in range(0, most, bags):
+    for start in released(range(0, most, bags)):
         lengths = torch.zeros(num_features, bags, dtype=torch.int64, device=device)
         per_feature: list[torch.Tensor | None] = [None] * num_features
         grad_out = torch.zeros(bags, col[-1], dtype=torch.float32, device=device)
@@ -84,6 +85,7 @@ def replay_rows(
         with capture.paused():
             out = tbe(indices, offsets, per_sample_weights=weights)
             out.backward(grad_out)
+        del out, grad_out, indices, offsets, weights, per_feature, lengths  # see released()
 
 
 def space_buffers(
@@ -141,7 +143,7 @@ def replay_space(
     """Apply ``grads`` (U x D) to global rows ``rows`` (U, unique) of a :func:`space_view`:
     one feature, one row per bag, output ``U x D`` — no padding."""
     view.set_learning_rate(lr)
-    for start in range(0, rows.numel(), chunk_rows):
+    for start in released(range(0, rows.numel(), chunk_rows)):
         part = rows[start : start + chunk_rows]
         offsets = torch.arange(part.numel() + 1, dtype=torch.int64, device=part.device)
         view(part, offsets).backward(grads[start : start + chunk_rows])

@@ -58,6 +58,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from dlrm_vrgd.embedding.capture import LookupCapture, RowGrads, RowSpace
+from dlrm_vrgd.malloc import released
 from dlrm_vrgd.optim.gsnr import (
     normalize_clip,
     raw_gsnr,
@@ -505,7 +506,7 @@ class SparseRowwiseOptimizer:
         layout = lookup.capture.layout
         for s, (space, r, ratio) in enumerate(zip(layout.spaces, rows, ratios, strict=True)):
             actual, plain = [], []
-            for part in _chunks(r.numel(), self.chunk_rows):
+            for part in released(_chunks(r.numel(), self.chunk_rows)):
                 a, p = self._apply_chunk(
                     lookup, s, r[part], updates[s][part], ratio[part], lr, blend, measure
                 )
@@ -619,7 +620,7 @@ class SparseRowwiseOptimizer:
                         id_counts[c],
                         self.cowclip,
                     )
-                    for c in _chunks(rows.numel(), self.chunk_rows)
+                    for c in released(_chunks(rows.numel(), self.chunk_rows))
                 ]
             )
             clipped.index_add_(0, table_ix.cpu(), (factor < 1.0).double().cpu())

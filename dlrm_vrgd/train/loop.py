@@ -30,6 +30,7 @@ from dlrm_vrgd.advice import advise
 from dlrm_vrgd.config import TrainConfig
 from dlrm_vrgd.data import DataSplits, RowSource, build_splits
 from dlrm_vrgd.data.batch import Batch, TrainStream
+from dlrm_vrgd.malloc import release_free_memory, set_mmap_threshold
 from dlrm_vrgd.model import build_model, table_specs
 from dlrm_vrgd.optim.dense import build_dense_optimizer
 from dlrm_vrgd.optim.noise_scale import NoiseScale
@@ -49,7 +50,6 @@ from dlrm_vrgd.train.distributed import (
     sharded_lookups,
 )
 from dlrm_vrgd.train.evaluate import EvalBatch, evaluate_share, rank_share
-from dlrm_vrgd.train.malloc import release_free_memory, set_mmap_threshold
 
 logger = logging.getLogger(__name__)
 
@@ -240,6 +240,7 @@ class Trainer:
                 "the weights (a learning rate or data.signal_scale too large?)"
             )
         self.dense_opt.step()
+        release_free_memory()  # the dense step's temporaries: the sparse step starts lower
         self.sparse_opt.step()
         self.noise.update(self.dense_opt.noise_pieces(), self.sparse_opt.noise_pieces())
         self.check_finite(step + 1, tables=False)

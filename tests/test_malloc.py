@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from dlrm_vrgd.train.malloc import release_free_memory, set_mmap_threshold
+from dlrm_vrgd.malloc import release_free_memory, set_mmap_threshold
 
 
 def test_zero_leaves_the_allocator_alone() -> None:
@@ -40,3 +40,15 @@ def test_release_free_memory_returns_freed_heap_pages() -> None:
     released = held - _rss_kib()
     libc.free(blocks[-1])
     assert released > 96 << 10, f"only {released} KiB of 128 MiB freed came back"
+
+
+def test_released_hands_pages_back_between_items_not_after_the_last(monkeypatch) -> None:
+    import dlrm_vrgd.malloc as malloc
+
+    events: list[object] = []
+    monkeypatch.setattr(malloc, "release_free_memory", lambda: events.append("release"))
+    for item in malloc.released(["a", "b", "c"]):
+        events.append(item)
+    assert events == ["a", "release", "b", "release", "c"]
+    assert list(malloc.released([])) == []
+    assert list(malloc.released(range(1))) == [0]
