@@ -30,6 +30,7 @@ at most twice the row sums' ``4·D + 16`` bytes (the constant measured is printe
 writes the figures for ``bench/run_all.py --save``.
 
     python bench/memory.py [--micro-batch 8192] [--steps 1] [--repeats 3] [--threshold-kb N]
+                           [--heap-release micro_batch|growth|never]
                            [--json PATH]
 """
 
@@ -42,6 +43,8 @@ import sys
 from typing import Any
 
 from common import REPO, print_table, threads, write_result
+
+from dlrm_vrgd.malloc import HEAP_RELEASE
 
 BATCHES = (16_384, 131_072, 524_288)
 TARGET_RATIO = 1.10
@@ -90,7 +93,9 @@ def tensor_bytes(*objs: Any) -> int:
     return sum(seen.values())
 
 
-def child(global_batch: int, micro_batch: int, steps: int, threshold_kb: int | None) -> None:
+def child(
+    global_batch: int, micro_batch: int, steps: int, threshold_kb: int | None, heap: str | None
+) -> None:
     import torch
 
     from dlrm_vrgd.config import load_config
@@ -107,6 +112,8 @@ def child(global_batch: int, micro_batch: int, steps: int, threshold_kb: int | N
     ]
     if threshold_kb is not None:
         overrides.append(f"run.malloc_mmap_threshold_kb={threshold_kb}")
+    if heap is not None:
+        overrides.append(f"run.heap_release={heap}")
     cfg = load_config(REPO / "configs" / "synthetic_kaggle.yaml", overrides)
     trainer = Trainer(cfg)
     so, do = trainer.sparse_opt, trainer.dense_opt
@@ -202,6 +209,11 @@ def main() -> None:
         "--threshold-kb", type=int, help="run.malloc_mmap_threshold_kb (default: the trainer's)"
     )
     ap.add_argument(
+        "--heap-release",
+        choices=HEAP_RELEASE,
+        help="run.heap_release (default: the trainer's)",
+    )
+    ap.add_argument(
         "--batches",
         type=int,
         nargs="+",
@@ -218,7 +230,7 @@ def main() -> None:
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.micro_batch, args.steps, args.threshold_kb)
+        child(args.child, args.micro_batch, args.steps, args.threshold_kb, args.heap_release)
         return
     b = args.micro_batch
     batches = sorted(args.batches)
@@ -232,6 +244,8 @@ def main() -> None:
             cmd += ["--steps", str(args.steps)]
             if args.threshold_kb is not None:
                 cmd += ["--threshold-kb", str(args.threshold_kb)]
+            if args.heap_release is not None:
+                cmd += ["--heap-release", args.heap_release]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True)
             runs[g].append(json.loads(out.stdout.strip().splitlines()[-1]))
     results: dict[int, dict[str, Any]] = {}
@@ -244,6 +258,8 @@ def main() -> None:
     setting = (
         "trainer default" if args.threshold_kb is None else f"mmap threshold {args.threshold_kb}"
     )
+    if args.heap_release is not None:
+        setting += f", heap_release {args.heap_release}"
     print(
         f"Kaggle-sized DLRM, micro-batch B = {b:,}, {args.steps} step(s) each, VR-Adam + "
         f"GSNR rowwise Adagrad, allocator: {setting}, {threads()} threads; "

@@ -16,7 +16,8 @@ The four run interleaved within every repetition (A B C D, then reversed); each 
 median over repetitions of that repetition's pair, with its 95% order-statistic interval
 (common.median_interval). ``--json`` writes the figures for ``bench/run_all.py --save``.
 
-    python bench/throughput.py [--micro-batch 4096] [--k 8] [--reps 41] [--json PATH]
+    python bench/throughput.py [--micro-batch 4096] [--k 8] [--reps 41] [--heap-release MODE]
+                               [--json PATH]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from common import REPO, interleaved_times, paired_ratios, print_table, threads,
 
 from dlrm_vrgd.config import load_config
 from dlrm_vrgd.data.batch import Batch
+from dlrm_vrgd.malloc import HEAP_RELEASE
 from dlrm_vrgd.model import build_model
 from dlrm_vrgd.train.distributed import DistEnv, dense_parameters, shard_model
 from dlrm_vrgd.train.loop import Trainer
@@ -41,7 +43,7 @@ PLAIN = ["optim.dense.name=adamw", "optim.sparse.name=rowwise_adagrad"]
 VRGD = ["optim.dense.name=vradam", "optim.sparse.name=gsnr_rowwise_adagrad"]
 
 
-def config(b: int, a: int, optim: list[str]):
+def config(b: int, a: int, optim: list[str], heap_release: str = "micro_batch"):
     return load_config(
         REPO / "configs" / "synthetic_kaggle.yaml",
         [
@@ -51,6 +53,7 @@ def config(b: int, a: int, optim: list[str]):
             "run.steps=100000",
             "optim.schedule.warmup_steps=0",
             "optim.schedule.decay=none",
+            f"run.heap_release={heap_release}",
             *optim,
         ],
     )
@@ -94,6 +97,12 @@ def main() -> None:
         default=41,
         help="repetitions of every variant (41: intervals within +-5%% on 2 idle cores)",
     )
+    ap.add_argument(
+        "--heap-release",
+        default="micro_batch",
+        choices=HEAP_RELEASE,
+        help="our trainers' run.heap_release (default: the trainer's default)",
+    )
     ap.add_argument("--json", help="write the figures here (bench/run_all.py --save)")
     args = ap.parse_args()
     torch.set_num_threads(threads())
@@ -102,9 +111,10 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
     try:
-        ours_1 = Trainer(config(b, 1, PLAIN))
-        ours_k = Trainer(config(b, k, PLAIN))
-        vrgd_k = Trainer(config(b, k, VRGD))
+        heap = args.heap_release
+        ours_1 = Trainer(config(b, 1, PLAIN, heap))
+        ours_k = Trainer(config(b, k, PLAIN, heap))
+        vrgd_k = Trainer(config(b, k, VRGD, heap))
         reference = ReferenceLoop(ours_1)
         times = interleaved_times(
             {
@@ -146,6 +156,7 @@ def main() -> None:
             "micro_batch": b,
             "k": k,
             "reps": args.reps,
+            "heap_release": args.heap_release,
             "s_per_step": med,
             "ours_1_vs_reference_rows_per_s": rate_1,
             "vrgd_vs_plain_step_time": vrgd_over_plain,

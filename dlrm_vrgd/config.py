@@ -498,6 +498,12 @@ class RunConfig(_Section):
     #: Fix glibc's mmap threshold (KiB) so freed buffers return to the system: resident memory
     #: stops creeping over many micro-batches, steps get slower (see dlrm_vrgd/malloc.py); 0 = off.
     malloc_mmap_threshold_kb: Count(0, 32 * 1024) = 0
+    #: When glibc's free heap pages go back to the system (CPU memory; dlrm_vrgd/malloc.py):
+    #: `micro_batch` after every micro-batch (resident memory follows what is alive; each
+    #: micro-batch re-touches its pages: steps 16-37% slower on 2 CPU cores than `growth`),
+    #: `growth` once the heap has grown by 64 MiB (peak 56-127 MB higher, 16k-512k rows a step
+    #: of the Kaggle-sized model), `never`. The sparse step's chunks hand back in every mode.
+    heap_release: Literal["micro_batch", "growth", "never"] = "micro_batch"
     #: Processes per node, nodes (torchrun); world size W = nnodes x nproc_per_node.
     nproc_per_node: Count(1, 256) = 1
     #: Hosts of a multi-node job (each runs `nproc_per_node` ranks).

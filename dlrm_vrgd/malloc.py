@@ -9,13 +9,16 @@ sends every allocation above it to ``mmap``, returned to the system when freed: 
 then tracks what is alive, at the price of page faults on every large allocation (slower steps).
 ``run.malloc_mmap_threshold_kb`` chooses; 0 keeps glibc's adaptive default.
 
-By default the trainer instead calls :func:`release_free_memory` (``malloc_trim(0)``) after
-every micro-batch: at that point the micro-batch's buffers are all free, and glibc hands the
-pages of its free heap chunks back to the system (``madvise(MADV_DONTNEED)``) while keeping the
-address space. The heap keeps its fast reuse within a micro-batch; what is retained across
-micro-batches is then what is alive (the step's row sums), not the fragments (bench/memory.py
-measures both; the cost is one call and the pages re-touched in the next micro-batch). The
-sparse step does the same between the chunks of its touched rows (:func:`released`): each chunk
+By default (``run.heap_release: micro_batch``) the trainer instead calls
+:func:`release_free_memory` (``malloc_trim(0)``) after every micro-batch: at that point the
+micro-batch's buffers are all free, and glibc hands the pages of its free heap chunks back to
+the system (``madvise(MADV_DONTNEED)``) while keeping the address space. The heap keeps its fast
+reuse within a micro-batch; what is retained across micro-batches is then what is alive (the
+step's row sums), not the fragments. The cost is the pages every micro-batch then touches
+afresh: on 2 CPU cores, steps 16-37% slower than under ``growth`` (docs/benchmarks.md).
+``growth`` (:class:`HeapGrowthGuard`) hands back only once the heap's span has grown by 64 MiB —
+its peak was 56-127 MB higher (16k-512k rows a step); ``never`` leaves glibc alone. The sparse
+step does the same between the chunks of its touched rows (:func:`released`): each chunk
 allocates and frees ``chunk_rows x D`` temporaries, and without it the heap grew by ~240 B per
 touched row over a 512k step (118 MB at 503k rows) — the step's peak then exceeded the
 micro-batches'.
@@ -27,7 +30,7 @@ import ctypes
 import functools
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -55,6 +58,69 @@ def release_free_memory() -> bool:
     if libc is None or not hasattr(libc, "malloc_trim"):
         return False
     return bool(libc.malloc_trim(0))
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def heap_bytes() -> int | None:
+    """The span of glibc's heaps in bytes (``mallinfo2().arena``, every arena: what the heaps
+    have grown to, not what is resident); None where there is no ``mallinfo2`` (glibc < 2.33,
+    or not glibc)."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = _Mallinfo2
+    return int(libc.mallinfo2().arena)
+
+
+class HeapGrowthGuard:
+    """:func:`release_free_memory` only once the heap has grown by ``margin`` bytes since the
+    last hand-back (or since the first call). Called after every micro-batch, it keeps the
+    heap's reuse — no page handed back, so none re-touched — while the micro-batches fit in what
+    the heap holds, and hands the fragments back when the heap grows past them. Where
+    :func:`heap_bytes` is unavailable it hands back on every call."""
+
+    def __init__(self, margin: int = 64 << 20) -> None:
+        self.margin = margin
+        self.base: int | None = None
+        self.handed_back = 0
+
+    def __call__(self) -> bool:
+        size = heap_bytes()
+        if size is not None and self.base is None:
+            self.base = size
+            return False
+        if size is not None and self.base is not None and size <= self.base + self.margin:
+            return False
+        self.handed_back += 1
+        out = release_free_memory()
+        self.base = heap_bytes()
+        return out
+
+
+#: ``run.heap_release``: when the trainer hands glibc's free heap pages back.
+HEAP_RELEASE = ("micro_batch", "growth", "never")
+
+
+def heap_release(mode: str) -> Callable[[], bool]:
+    """The trainer's hand-back after each micro-batch and the dense step: ``micro_batch`` every
+    time (:func:`release_free_memory`), ``growth`` when the heap has grown by 64 MiB
+    (:class:`HeapGrowthGuard`), ``never`` (the sparse step's chunks still hand back)."""
+    if mode == "micro_batch":
+        return release_free_memory
+    if mode == "growth":
+        return HeapGrowthGuard()
+    if mode == "never":
+        return lambda: False
+    raise ValueError(f"run.heap_release: {mode!r} is not one of {', '.join(HEAP_RELEASE)}")
 
 
 def released(items: Sequence[T]) -> Iterator[T]:

@@ -25,7 +25,9 @@ LEDGER = "cells.jsonl"
 
 #: Config keys that say where a run is tracked, not what it trains: a finished cell is reused
 #: whatever they were.
-_TRACKING_KEYS = ("tensorboard", "mlflow")
+#: run keys that change neither what a cell trains nor its figures: tracking, and when glibc's
+#: heap is handed back (a cell's digest leaves them out)
+_TRACKING_KEYS = ("tensorboard", "mlflow", "heap_release")
 
 
 def _untracked(config: dict[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from dlrm_vrgd.advice import advise
 from dlrm_vrgd.config import TrainConfig
 from dlrm_vrgd.data import DataSplits, RowSource, build_splits
 from dlrm_vrgd.data.batch import Batch, TrainStream
-from dlrm_vrgd.malloc import release_free_memory, set_mmap_threshold
+from dlrm_vrgd.malloc import heap_release, set_mmap_threshold
 from dlrm_vrgd.model import build_model, table_specs
 from dlrm_vrgd.optim.dense import build_dense_optimizer
 from dlrm_vrgd.optim.noise_scale import NoiseScale
@@ -69,6 +69,7 @@ RESUMABLE_CHANGES = {
     "run.eval_rows",
     "run.threads",
     "run.malloc_mmap_threshold_kb",
+    "run.heap_release",
     "run.tensorboard",
     "run.mlflow",
 }
@@ -148,6 +149,7 @@ class Trainer:
         if run.threads:
             torch.set_num_threads(run.threads)
         set_mmap_threshold(run.malloc_mmap_threshold_kb)
+        self.release_heap = heap_release(run.heap_release)
         self.splits = splits if splits is not None else build_splits(cfg.data)
         self.A = run.accumulation_steps
         self.stream = TrainStream(self.splits.train, run.global_batch, run.micro_batch, run.seed)
@@ -232,7 +234,7 @@ class Trainer:
             self.sparse_opt.collect()
             losses.append(loss.detach())
             del batch, loss  # the micro-batch's buffers are free: return their pages
-            release_free_memory()
+            self.release_heap()
         loss = all_mean(float(torch.stack(losses).mean()), self.env)
         if not math.isfinite(loss):  # every rank sees the same mean: all stop together
             raise NonFiniteError(
@@ -240,7 +242,7 @@ class Trainer:
                 "the weights (a learning rate or data.signal_scale too large?)"
             )
         self.dense_opt.step()
-        release_free_memory()  # the dense step's temporaries: the sparse step starts lower
+        self.release_heap()  # the dense step's temporaries: the sparse step starts lower
         self.sparse_opt.step()
         self.noise.update(self.dense_opt.noise_pieces(), self.sparse_opt.noise_pieces())
         self.check_finite(step + 1, tables=False)

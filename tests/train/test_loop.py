@@ -130,3 +130,33 @@ def test_vr_telemetry_per_layer() -> None:
     assert any(n.startswith("dlrm.over_arch") for n in names)
     assert all(d["raw_gsnr"] >= 0 for d in gsnr["dense"])
     assert gsnr["tables"][0]["table"] == "t_cat_0"
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [("micro_batch", 4 + 1), ("never", 0)],  # 4 micro-batches, then the dense step
+)
+def test_heap_release_follows_the_config(mode: str, expected: int, monkeypatch) -> None:
+    """run.heap_release chooses the trainer's hand-back after each micro-batch and the dense
+    step; the weights do not depend on it."""
+    import dlrm_vrgd.malloc as malloc
+
+    calls: list[int] = []
+    monkeypatch.setattr(malloc, "release_free_memory", lambda: calls.append(1) or True)
+    trainer = Trainer(tiny_config(f"run.heap_release={mode}"))
+    trainer.train_step()
+    assert len(calls) == expected
+    if mode == "never":  # same step, same weights, whatever the hand-back
+        other = Trainer(tiny_config("run.heap_release=micro_batch"))
+        other.train_step()
+        for (name, a), (_, b) in zip(
+            trainer.model.named_dense_parameters(),
+            other.model.named_dense_parameters(),
+            strict=True,
+        ):
+            assert torch.equal(a, b), name
+
+
+def test_heap_release_rejects_an_unknown_mode() -> None:
+    with pytest.raises(ValueError, match="heap_release"):
+        tiny_config("run.heap_release=sometimes")
