@@ -17,10 +17,10 @@ reuse within a micro-batch; what is retained across micro-batches is then what i
 step's row sums), not the fragments. The cost is the pages every micro-batch then touches
 afresh: on 2 CPU cores, steps 16-37% slower than under ``growth`` (docs/benchmarks.md).
 ``growth`` (:class:`HeapGrowthGuard`) hands back only once the heap's span has grown by 64 MiB —
-its peak was 56-127 MB higher (16k-512k rows a step); ``never`` leaves glibc alone. The sparse
-step does the same between the chunks of its touched rows (:func:`released`): each chunk
-allocates and frees ``chunk_rows x D`` temporaries, and without it the heap grew by ~240 B per
-touched row over a 512k step (118 MB at 503k rows) — the step's peak then exceeded the
+its peak was 56-127 MB higher (16k-512k rows a step); ``never`` leaves glibc alone. In every
+mode the sparse step hands back between the chunks of its touched rows (:func:`released`): each
+chunk allocates and frees ``chunk_rows x D`` temporaries, and without it the heap grew by ~240 B
+per touched row over a 512k step (118 MB at 503k rows) — the step's peak then exceeded the
 micro-batches'.
 """
 
