@@ -385,13 +385,16 @@ def test_scoring_memory_is_bounded_by_the_block_not_the_input_length(
     raw: Trained, tmp_path: Path
 ) -> None:
     """tracemalloc's peak (Python objects and numpy arrays: blocks, parsed rows, table rows,
-    predictions, output batches) while streaming N and 4N = 32k rows in 16 KiB blocks is the same,
-    and a few blocks' worth: keeping any per-row array of the whole input (even only its
-    predictions, 4 bytes a row) would exceed either bound."""
+    predictions, output batches) while streaming N and 4N = 64k rows in 16 KiB blocks is a few
+    blocks' worth at both lengths, and grows from N to 4N by less than half of what keeping
+    any per-row array of the whole input (even only its predictions, 4 bytes a row) would add.
+    Which blocks are in flight at the peak moment depends on the threads' timing: a block or two
+    more at one length than the other (16-50 KB here, 1.15x at 32k rows under CI's load) is
+    noise, not growth, so the per-row array's bytes are what the comparison is made against."""
     import tracemalloc
 
     model_dir: Path = raw.onnx  # type: ignore[attr-defined]
-    n = 32_000
+    n = 64_000
     _, ints, cats = make_rows(n, 49)  # unlabelled: no metrics (a constant 16 MiB)
     files = {}
     for k in (n // 4, n):
@@ -417,9 +420,9 @@ def test_scoring_memory_is_bounded_by_the_block_not_the_input_length(
 
     streaming_peak(files[n // 4], tmp_path / "warm.csv")  # imports and caches: not streaming
     peaks = {k: streaming_peak(p, tmp_path / f"{k}.csv") for k, p in files.items()}
-    # measured: ~16 blocks at both lengths (4N / N 1.03); keeping each block's predictions:
-    # 4N / N 1.51
-    assert peaks[n] <= 1.15 * peaks[n // 4], peaks
+    # keeping each row's prediction (4 bytes) would add 4 x (4N - N) = 192 KB from N to 4N
+    kept = 4 * (n - n // 4)
+    assert peaks[n] - peaks[n // 4] < kept / 2, (peaks, kept)
     # workers + 2 blocks in flight (text, parsed rows, table rows) and the sink's two batches
     assert peaks[n] < 60 * block, peaks
-    assert n * 4 > 0.25 * peaks[n]  # what 4 bytes a row kept would add is visible
+    assert kept > peaks[n] // 8  # what 4 bytes a row kept would add is visible beside the peak
