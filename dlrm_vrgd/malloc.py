@@ -70,15 +70,22 @@ class _Mallinfo2(ctypes.Structure):
     ]  # fmt: skip
 
 
-def heap_bytes() -> int | None:
-    """The span of glibc's heaps in bytes (``mallinfo2().arena``, every arena: what the heaps
-    have grown to, not what is resident); None where there is no ``mallinfo2`` (glibc < 2.33,
-    or not glibc)."""
+@functools.cache
+def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
+    """glibc's ``mallinfo2``, its return type set once; None where there is none."""
     libc = _libc()
     if libc is None or not hasattr(libc, "mallinfo2"):
         return None
     libc.mallinfo2.restype = _Mallinfo2
-    return int(libc.mallinfo2().arena)
+    return libc.mallinfo2
+
+
+def heap_bytes() -> int | None:
+    """The span of glibc's heaps in bytes (``mallinfo2().arena``, every arena: what the heaps
+    have grown to, not what is resident); None where there is no ``mallinfo2`` (glibc < 2.33,
+    or not glibc)."""
+    info = _mallinfo2()
+    return None if info is None else int(info().arena)
 
 
 class HeapGrowthGuard:
@@ -95,11 +102,12 @@ class HeapGrowthGuard:
 
     def __call__(self) -> bool:
         size = heap_bytes()
-        if size is not None and self.base is None:
-            self.base = size
-            return False
-        if size is not None and self.base is not None and size <= self.base + self.margin:
-            return False
+        if size is not None:
+            if self.base is None:
+                self.base = size
+                return False
+            if size <= self.base + self.margin:
+                return False
         self.handed_back += 1
         out = release_free_memory()
         self.base = heap_bytes()
