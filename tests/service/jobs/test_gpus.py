@@ -234,12 +234,19 @@ def test_assignment_from_the_environment_of_a_running_job(tmp_path: Path) -> Non
     """A job started before gpus.json existed: its process environment tells."""
     if not Path("/proc/self/environ").exists():
         pytest.skip("needs /proc")
+    # The child says when it runs its own program: right after Popen returns, /proc/PID/environ
+    # may still be the parent's (fork done, exec not yet), which read None in 11 of 40 tries.
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(30)"],
+        [sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(30)"],
         env={**os.environ, "CUDA_VISIBLE_DEVICES": "1,3"},
+        stdout=subprocess.PIPE,
     )
     try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"
         assert read_assignment(tmp_path, proc.pid) == ("1", "3")
     finally:
         proc.kill()
         proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
