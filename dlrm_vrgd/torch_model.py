@@ -28,6 +28,7 @@ from dlrm_vrgd.config import ModelConfig, TrainConfig
 from dlrm_vrgd.data.batch import Batch, feature_names
 from dlrm_vrgd.embedding.capture import LookupCapture, LookupLayout
 from dlrm_vrgd.embedding.init import table_init
+from dlrm_vrgd.embedding.views import RowSpaceView
 
 
 def mlp(sizes: list[int]) -> nn.Sequential:
@@ -135,16 +136,16 @@ class TorchLookup:
     def eps(self) -> float:
         return self.module.eps
 
-    def gather_rows(self, space: int, rows: torch.Tensor) -> torch.Tensor:
-        return self.module.weight.index_select(0, rows)
-
-    def add_rows(self, space: int, rows: torch.Tensor, values: torch.Tensor) -> None:
-        self.module.weight.index_add_(0, rows, values)
-
-    def gather_states(self, space: int, rows: torch.Tensor) -> torch.Tensor | None:
-        if self.module.optimizer != "rowwise_adagrad":
-            return None
-        return self.module.momentum.index_select(0, rows)
+    def space_views(self) -> list[RowSpaceView]:
+        """The one row space: the module's ``Σrows x D`` weights and its row-wise sums."""
+        m = self.module
+        key = (m.weight.data_ptr(), m.momentum.data_ptr())
+        if getattr(self, "_key", None) != key:
+            states = m.momentum if m.optimizer == "rowwise_adagrad" else None
+            (space,) = self.capture.layout.spaces
+            self._views = [RowSpaceView.contiguous(space, m.weight, states)]
+            self._key = key
+        return self._views
 
     def apply_rows(
         self, rows: list[torch.Tensor], grads: list[torch.Tensor], lr: float, chunk_rows: int

@@ -112,6 +112,9 @@ def pooled_grad_to_rows(
     layout: LookupLayout,
     pooling: Pooling = "sum",
     num_groups: int = 1,
+    *,
+    count_ids: bool = True,
+    one_hot: bool | None = None,
 ) -> list[RowGrads]:
     """Reduce the pooled-output gradient ``grad`` (B x ΣD_f) to row gradients, one
     :class:`RowGrads` per row space of ``layout``.
@@ -119,7 +122,10 @@ def pooled_grad_to_rows(
     ``indices``/``offsets``/``per_sample_weights`` are the lookup's inputs in TBE layout
     (``offsets`` has ``F·B + 1`` entries, feature-major). Bags ``[g·B/G, (g+1)·B/G)`` form group
     ``g`` of ``G = num_groups`` (the owner of a sharded table receives the source ranks' bags in
-    rank order).
+    rank order). ``count_ids``: fill :attr:`RowGrads.counts` (else they are empty).
+    ``one_hot``: whether every bag holds exactly one id — None reads the lengths to find out (a
+    host sync on a GPU), True is the caller's word for it (the trainer's rows hold one id per
+    table) and takes the one-hot path whenever there are ``F·B`` ids, with no read-back.
     """
     num_features = len(layout.feature_table)
     num_bags = (offsets.numel() - 1) // num_features
@@ -152,6 +158,7 @@ def pooled_grad_to_rows(
             cols,
             num_bags,
             pooling,
+            one_hot,
         )
         if ids is None:
             out.append(RowGrads.empty(space.dim, device))
@@ -164,7 +171,10 @@ def pooled_grad_to_rows(
         uniq, inverse = torch.unique(keys, sorted=True, return_inverse=True)
         grads = torch.zeros(uniq.numel(), space.dim, dtype=grad.dtype, device=device)
         grads.index_add_(0, inverse, contrib)
-        counts = _sample_counts(rows, bag, uniq, inverse, num_bags, num_groups, shared)
+        if count_ids:
+            counts = _sample_counts(rows, bag, uniq, inverse, num_bags, num_groups, shared)
+        else:
+            counts = torch.zeros(0, dtype=torch.int64, device=device)
         if num_groups == 1:
             out.append(RowGrads(uniq, torch.zeros_like(uniq), grads, counts))
         else:
@@ -196,6 +206,24 @@ def _sample_counts(
     return torch.bincount(torch.searchsorted(uniq, keys), minlength=uniq.numel())
 
 
+_ROW_OFFSETS: dict[tuple[RowSpace, LookupLayout, tuple[int, ...], torch.device], torch.Tensor] = {}
+
+
+def _row_offsets(
+    space: RowSpace, layout: LookupLayout, feats: tuple[int, ...], device: torch.device
+) -> torch.Tensor:
+    """The global row offset of each of ``feats``'s tables, made once per device (a tensor
+    made from a list on a GPU is a copy the host waits for)."""
+    key = (space, layout, feats, device)
+    if key not in _ROW_OFFSETS:
+        _ROW_OFFSETS[key] = torch.tensor(
+            [space.offsets[space.tables.index(layout.feature_table[f])] for f in feats],
+            dtype=torch.int64,
+            device=device,
+        )
+    return _ROW_OFFSETS[key]
+
+
 def _space_items(
     indices: torch.Tensor,
     offsets: torch.Tensor,
@@ -208,20 +236,21 @@ def _space_items(
     cols: list[int],
     num_bags: int,
     pooling: Pooling,
+    one_hot: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None:
     """Every looked-up id of the space's features as ``(global row, bag in [0, B),
     contribution ∂L/∂pooled · weight, whether a (row, bag) pair may repeat)``; None when there
-    is none."""
+    is none (``one_hot``: see :func:`pooled_grad_to_rows`)."""
     device = grad.device
     num_features = len(layout.feature_table)
-    row_offset = torch.tensor(
-        [space.offsets[space.tables.index(layout.feature_table[f])] for f in feats],
-        dtype=torch.int64,
-        device=device,
-    )
-    if not feats or int(offsets[-1]) == 0:
+    if not feats or indices.numel() == 0:  # TBE inputs: offsets[-1] == indices.numel()
         return None
-    if len(feats) == num_features and bool((lengths == 1).all()):
+    row_offset = _row_offsets(space, layout, tuple(feats), device)
+    if indices.numel() != num_features * num_bags:
+        one_hot = False
+    elif one_hot is None:
+        one_hot = bool((lengths == 1).all())
+    if len(feats) == num_features and one_hot:
         # One id per bag in every feature (Criteo): take the ids bag-major, so that item
         # b·F + f lines up with row b, feature f of the gradient — a view, no copy.
         rows = indices.view(num_features, num_bags).t().reshape(-1).to(torch.int64)
@@ -236,7 +265,7 @@ def _space_items(
     # General bags: ids feature-major, each feature's ids contiguous.
     if len(feats) == num_features:
         pooled = grad.view(num_bags, num_features, space.dim).transpose(0, 1)
-        nnz: slice | torch.Tensor = slice(0, int(offsets[-1]))
+        nnz: slice | torch.Tensor = slice(0, indices.numel())
         feat_lengths = lengths
     else:
         pooled = torch.stack([grad[:, cols[f] : cols[f] + space.dim] for f in feats])
@@ -251,7 +280,9 @@ def _space_items(
         feat_lengths = torch.cat([lengths[f * num_bags : (f + 1) * num_bags] for f in feats])
     pooled = pooled.reshape(len(feats) * num_bags, space.dim)
     item_bag = torch.repeat_interleave(
-        torch.arange(len(feats) * num_bags, device=device), feat_lengths
+        torch.arange(len(feats) * num_bags, device=device),
+        feat_lengths,
+        output_size=indices.numel() if len(feats) == num_features else None,
     )
     if item_bag.numel() == 0:
         return None
@@ -297,6 +328,10 @@ class LookupCapture:
         self.pooling: Pooling = pooling
         self.groups_per_call = groups_per_call
         self.weighted = weighted
+        #: Fill :attr:`RowGrads.counts` (CowClip's sample counts: a bincount per call).
+        self.count_ids = True
+        #: The caller's word that every bag holds one id (see :func:`pooled_grad_to_rows`).
+        self.one_hot: bool | None = None
         self._calls: list[_Call] = []
         self._paused = False
         self._handle = module.register_forward_hook(self._hook, with_kwargs=True)
@@ -348,6 +383,8 @@ class LookupCapture:
                     self.layout,
                     self.pooling,
                     self.groups_per_call,
+                    count_ids=self.count_ids,
+                    one_hot=self.one_hot,
                 )
             )
         return out

@@ -15,6 +15,7 @@ produce exactly the update they would have made on the whole global batch at onc
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -31,7 +32,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from dlrm_vrgd.embedding.capture import LookupCapture, LookupLayout, Pooling, RowSpace
 from dlrm_vrgd.embedding.init import table_init
+from dlrm_vrgd.embedding.views import RowSpaceView
 from dlrm_vrgd.malloc import released
+
+logger = logging.getLogger(__name__)
 
 FUSED_OPTIMIZERS: dict[str, EmbOptimType] = {
     "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
@@ -88,24 +92,133 @@ def replay_rows(
         del out, grad_out, indices, offsets, weights, per_feature, lengths  # see released()
 
 
+def _placements(
+    tbe: SplitTableBatchedEmbeddingBagsCodegen, prefix: str, layout: LookupLayout
+) -> tuple[list[int], list[int]]:
+    """``(placement, start element)`` of every table in the ``prefix`` buffers (``weights``,
+    ``momentum1``), as ``split_embedding_weights`` reads them (older FBGEMM: per feature)."""
+    placements = getattr(tbe, f"{prefix}_physical_placements", None)
+    offsets = getattr(tbe, f"{prefix}_physical_offsets", None)
+    if placements is None or offsets is None:
+        first = [layout.feature_table.index(t) for t in range(len(layout.table_dims))]
+        per_feature_p = getattr(tbe, f"{prefix}_placements")
+        per_feature_o = getattr(tbe, f"{prefix}_offsets")
+        placements = [per_feature_p[f] for f in first]
+        offsets = [per_feature_o[f] for f in first]
+    return [int(p) for p in placements], [int(o) for o in offsets]
+
+
+def _buffer(
+    tbe: SplitTableBatchedEmbeddingBagsCodegen, prefix: str, placement: int
+) -> torch.Tensor:
+    if placement == EmbeddingLocation.DEVICE:
+        return getattr(tbe, f"{prefix}_dev")
+    if placement == EmbeddingLocation.HOST:
+        return getattr(tbe, f"{prefix}_host")
+    if placement == EmbeddingLocation.MANAGED:
+        return getattr(tbe, f"{prefix}_uvm")
+    raise ValueError(
+        f"tables in {EmbeddingLocation(placement).name} memory: its cache holds rows its buffer "
+        "does not, and a row-wise GSNR or CowClip step reads and writes the rows themselves; "
+        "place the tables in DEVICE, HOST or MANAGED memory (torchrec's `fused` kernel)"
+    )
+
+
+def row_space_view(
+    tbe: SplitTableBatchedEmbeddingBagsCodegen, layout: LookupLayout, space: RowSpace
+) -> RowSpaceView | None:
+    """The :class:`~dlrm_vrgd.embedding.views.RowSpaceView` of ``space`` over ``tbe``'s own
+    buffers, whatever their placement; None where its tables are not all in one buffer."""
+    w_place, w_start = _placements(tbe, "weights", layout)
+    places = {w_place[t] for t in space.tables}
+    states = None
+    s_start: list[int] | None = None
+    if tbe.optimizer != EmbOptimType.EXACT_SGD:
+        m_place, m_off = _placements(tbe, "momentum1", layout)
+        places |= {m_place[t] for t in space.tables}
+        states = _buffer(tbe, "momentum1", m_place[space.tables[0]])
+        s_start = [m_off[t] for t in space.tables]
+    if len(places) != 1:
+        return None
+    weights = _buffer(tbe, "weights", w_place[space.tables[0]])
+    return RowSpaceView(space, weights, [w_start[t] for t in space.tables], states, s_start)
+
+
+class TableLoopView(RowSpaceView):
+    """The interface of :class:`~dlrm_vrgd.embedding.views.RowSpaceView` over a row space whose
+    tables are in several buffers (e.g. some on the GPU, some in managed memory): every op loops
+    over the tables (a mask and a host sync each). Correct everywhere; slow, and logged once."""
+
+    def __init__(self, space: RowSpace, lookup: TBELookup) -> None:  # noqa: D107
+        self.space = space
+        self.dim = space.dim
+        self.device = lookup.device
+        self.weights = None
+        self.states = None
+        self._lookup = lookup
+        self._bounds = torch.tensor(space.offsets[1:-1], dtype=torch.int64, device=self.device)
+        logger.warning(
+            "tables %s share dim %d but not one buffer: their row-wise steps loop over them",
+            [lookup.table_names[t] for t in space.tables],
+            space.dim,
+        )
+
+    @property
+    def has_states(self) -> bool:
+        return self._lookup.kernel != "sgd"
+
+    def rounded(self, values: torch.Tensor) -> torch.Tensor:
+        return values
+
+    def _parts(self, rows: torch.Tensor, tensors: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+        ix = self.table_index(rows)
+        for i, t in enumerate(self.space.tables):
+            sel = (ix == i).nonzero().squeeze(1)
+            yield sel, rows[sel] - self.space.offsets[i], tensors[t]
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(rows.numel(), self.dim, device=rows.device)
+        for sel, local, w in self._parts(rows, self._lookup.table_weights()):
+            out[sel] = w.index_select(0, local).float()
+        return out
+
+    def add_(self, rows: torch.Tensor, values: torch.Tensor) -> None:
+        for sel, local, w in self._parts(rows, self._lookup.table_weights()):
+            w.index_add_(0, local, values[sel].to(w.dtype))
+
+    def put_(self, rows: torch.Tensor, values: torch.Tensor) -> None:
+        for sel, local, w in self._parts(rows, self._lookup.table_weights()):
+            w.index_copy_(0, local, values[sel].to(w.dtype))
+
+    def gather_states(self, rows: torch.Tensor) -> torch.Tensor | None:
+        if not self.has_states:
+            return None
+        out = torch.empty(rows.numel(), device=rows.device)
+        for sel, local, st in self._parts(rows, self._lookup.row_states()):
+            out[sel] = st.reshape(-1).index_select(0, local).float()
+        return out
+
+    def put_states_(self, rows: torch.Tensor, values: torch.Tensor) -> None:
+        for sel, local, st in self._parts(rows, self._lookup.row_states()):
+            st.reshape(-1).index_copy_(0, local, values[sel].to(st.dtype))
+
+
 def space_buffers(
     tbe: SplitTableBatchedEmbeddingBagsCodegen, layout: LookupLayout, space: RowSpace
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Views ``(weights: size x dim, row states: size or None for SGD)`` of ``space``'s
     consecutive tables in ``tbe``'s host memory, indexed by global row of the space; None
     where the tables are not consecutive or the weights live on the device."""
-    first = space.tables[0]
-    if space.tables != tuple(range(first, first + len(space.tables))):
-        return None
     if tbe.weights_host.numel() == 0:
         return None
-    feature = layout.feature_table.index(first)
-    w0 = int(tbe.weights_offsets[feature])
-    weights = tbe.weights_host.data[w0 : w0 + space.size * space.dim].view(space.size, space.dim)
+    view = row_space_view(tbe, layout, space)
+    if view is None or view.weights is None:
+        return None
     if tbe.optimizer == EmbOptimType.EXACT_SGD:
-        return weights, None
-    m0 = int(tbe.momentum1_offsets[feature])
-    return weights, tbe.momentum1_host.data[m0 : m0 + space.size]
+        return view.weights, None
+    if view.states is None:
+        return None
+    return view.weights, view.states
 
 
 def space_view(
@@ -180,10 +293,9 @@ class TBELookup:
         )
         pooling: Pooling = "mean" if tbe.pooling_mode == PoolingMode.MEAN else "sum"
         self.capture = LookupCapture(tbe, layout, pooling, groups_per_call, weighted)
-        self._views: list[SplitTableBatchedEmbeddingBagsCodegen | None] = []
-        self._views_key = -1
-        self._buffers: list[tuple[torch.Tensor, torch.Tensor | None] | None] = []
-        self._buffers_key = -1
+        self._replays: list[SplitTableBatchedEmbeddingBagsCodegen | None] = []
+        self._spaces: list[RowSpaceView] = []
+        self._key: tuple[int, ...] = ()
 
     @property
     def device(self) -> torch.device:
@@ -197,77 +309,60 @@ class TBELookup:
     def eps(self) -> float:
         return float(self.tbe.optimizer_args.eps)
 
-    def _space_buffers(self, space: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        key = self.tbe.weights_host.data_ptr()
-        if self._buffers_key != key:
-            layout = self.capture.layout
-            self._buffers = [space_buffers(self.tbe, layout, sp) for sp in layout.spaces]
-            self._buffers_key = key
-        return self._buffers[space]
+    def _buffers_key(self) -> tuple[int, ...]:
+        """Where the TBE's buffers are now (views are rebuilt when they move)."""
+        names = ("weights_dev", "weights_host", "weights_uvm")
+        if self.kernel != "sgd":
+            names += ("momentum1_dev", "momentum1_host", "momentum1_uvm")
+        return tuple(getattr(self.tbe, n).data_ptr() for n in names)
 
-    def _per_table(
-        self, space: int, rows: torch.Tensor, tensors: list[torch.Tensor]
-    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """``(selection of rows, table-local rows, table tensor)`` per table of the space."""
-        sp = self.capture.layout.spaces[space]
-        ix = sp.table_index(rows)
-        out = []
-        for i, t in enumerate(sp.tables):
-            sel = (ix == i).nonzero().squeeze(1)
-            out.append((sel, rows[sel] - sp.offsets[i], tensors[t]))
-        return out
-
-    def gather_rows(self, space: int, rows: torch.Tensor) -> torch.Tensor:
-        buffers = self._space_buffers(space)
-        if buffers is not None:
-            return buffers[0].index_select(0, rows)
-        out = torch.empty(rows.numel(), self.capture.layout.spaces[space].dim, device=rows.device)
-        for sel, local, w in self._per_table(space, rows, self.table_weights()):
-            out[sel] = w.index_select(0, local)
-        return out
-
-    def add_rows(self, space: int, rows: torch.Tensor, values: torch.Tensor) -> None:
-        buffers = self._space_buffers(space)
-        if buffers is not None:
-            buffers[0].index_add_(0, rows, values)
+    def _refresh(self) -> None:
+        key = self._buffers_key()
+        if key == self._key:
             return
-        for sel, local, w in self._per_table(space, rows, self.table_weights()):
-            w.index_add_(0, local, values[sel])
+        layout = self.capture.layout
+        self._spaces = [
+            row_space_view(self.tbe, layout, sp) or TableLoopView(sp, self) for sp in layout.spaces
+        ]
+        self._replays = [space_view(self.tbe, layout, sp) for sp in layout.spaces]
+        self._key = key
 
-    def gather_states(self, space: int, rows: torch.Tensor) -> torch.Tensor | None:
-        if self.kernel == "sgd":
-            return None
-        buffers = self._space_buffers(space)
-        if buffers is not None and buffers[1] is not None:
-            return buffers[1].index_select(0, rows)
-        out = torch.empty(rows.numel(), device=rows.device)
-        for sel, local, st in self._per_table(space, rows, self.row_states()):
-            out[sel] = st.reshape(-1).index_select(0, local)
-        return out
+    def space_views(self) -> list[RowSpaceView]:
+        """One view per row space over the TBE's own buffers (:func:`row_space_view`; a
+        per-table loop, :class:`TableLoopView`, where a space's tables are in several)."""
+        self._refresh()
+        return self._spaces
 
     def apply_rows(
         self, rows: list[torch.Tensor], grads: list[torch.Tensor], lr: float, chunk_rows: int
     ) -> None:
         """Update global rows ``rows[s]`` of row space ``s`` by ``grads[s]`` through the fused
         kernel (see :func:`space_view`; :func:`replay_rows` where no view applies)."""
+        self._refresh()
         layout = self.capture.layout
-        key = self.tbe.weights_host.data_ptr()
-        if self._views_key != key:  # (re)build when the weights were moved or replaced
-            self._views = [space_view(self.tbe, layout, sp) for sp in layout.spaces]
-            self._views_key = key
-        general_rows = [torch.zeros(0, dtype=torch.int64)] * len(layout.table_dims)
-        general_grads = [torch.zeros(0, d) for d in layout.table_dims]
+        general_rows = [torch.zeros(0, dtype=torch.int64, device=self.device)] * len(
+            layout.table_dims
+        )
+        general_grads = [torch.zeros(0, d, device=self.device) for d in layout.table_dims]
         general = False
-        for space, view, r, g in zip(layout.spaces, self._views, rows, grads, strict=True):
-            if view is not None:
-                replay_space(view, r, g, lr, chunk_rows)
+        for space, view, replay, r, g in zip(
+            layout.spaces, self._spaces, self._replays, rows, grads, strict=True
+        ):
+            if replay is not None:
+                replay_space(replay, r, g, lr, chunk_rows)
+                continue
+            if r.numel() == 0:
                 continue
             general = True
-            ix = space.table_index(r)
-            for i, t in enumerate(space.tables):
-                sel = ix == i
-                general_rows[t] = r[sel] - space.offsets[i]
-                general_grads[t] = g[sel]
+            # the space's rows by table: one sort, and one read-back of the tables' counts
+            ix = view.table_index(r)
+            order = torch.argsort(ix, stable=True)
+            counts = torch.bincount(ix, minlength=len(space.tables)).tolist()
+            local = r[order] - torch.tensor(space.offsets[:-1], device=r.device)[ix[order]]
+            for t, part, grad in zip(
+                space.tables, local.split(counts), g[order].split(counts), strict=True
+            ):
+                general_rows[t], general_grads[t] = part, grad
         if general:
             replay_rows(self.tbe, self.capture, general_rows, general_grads, lr, chunk_rows)
 

@@ -26,17 +26,19 @@ TOUCHED = torch.tensor(sorted({i for ids in GROUP_IDS for i in ids}))  # 5 rows
 
 
 class GatherSizes:
-    """Wraps a lookup's gathers and row updates to record how many rows each one got."""
+    """Wraps the gathers and writes of a lookup's row-space views to record how many rows each
+    one got."""
 
     def __init__(self, lookup) -> None:
         self.sizes: list[int] = []
-        for name in ("gather_rows", "gather_states", "add_rows"):
-            setattr(lookup, name, self._wrap(getattr(lookup, name)))
+        for view in lookup.space_views():
+            for name in ("gather", "gather_states", "add_", "put_", "put_states_"):
+                setattr(view, name, self._wrap(getattr(view, name)))
 
     def _wrap(self, fn):
-        def wrapped(space, rows, *rest):
+        def wrapped(rows, *rest):
             self.sizes.append(rows.numel())
-            return fn(space, rows, *rest)
+            return fn(rows, *rest)
 
         return wrapped
 

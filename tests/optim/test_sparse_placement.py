@@ -188,9 +188,10 @@ def test_bad_placement_is_named() -> None:
 
 
 def test_update_placement_on_tables_that_are_not_consecutive() -> None:
-    """Tables 0 and 2 share a dim but not a host buffer (table 1 sits between them): the rows
-    are gathered and scattered per table. Every row still moves by r_row times the plain step
-    of a twin collection without GSNR, from the same weights and state."""
+    """Tables 0 and 2 share a dim but are not back to back in the TBE's buffer (table 1 sits
+    between them): the row space's view addresses its rows by element (a start per table), still
+    one op for the space. Every row still moves by r_row times the plain step of a twin
+    collection without GSNR, from the same weights and state."""
     from ..embedding.helpers import random_bags
     from .test_sparse import FEATURE_TABLE, TABLES, deferred_step, make_ebc
 
@@ -201,7 +202,8 @@ def test_update_placement_on_tables_that_are_not_consecutive() -> None:
     opt = deferred_step(damped, bags, up, k=4, gsnr=True, gamma=GAMMA)
     deferred_step(plain, bags, up, k=4)
     assert opt.lookups[0].__class__.__name__ == "TBELookup"
-    assert opt.lookups[0]._space_buffers(0) is None  # the per-table route
+    view = opt.lookups[0].space_views()[0]
+    assert view.space.tables == (0, 2) and view.weights is None  # not one size x D block
     for t in range(len(TABLES)):
         rec = opt.last_rows[0][t]
         rows = rec.rows

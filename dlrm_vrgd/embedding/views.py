@@ -1,0 +1,148 @@
+"""One row space as one tensor: the weights and row-wise state of every table of one embedding
+dim, addressed by global row, wherever the lookup keeps them.
+
+A TBE keeps all its tables' weights in one flat buffer per placement (``weights_dev`` on the
+GPU, ``weights_host`` on the CPU, ``weights_uvm`` in managed memory), table ``t`` starting at
+element ``weights_physical_offsets[t]``, and its row-wise Adagrad sums likewise
+(``momentum1_*``): that is how FBGEMM's ``split_embedding_weights`` reads them. A
+:class:`RowSpaceView` addresses a :class:`~dlrm_vrgd.embedding.capture.RowSpace` through those
+buffers: a gather, an add or a write of any set of global rows is one index op for the whole
+space, on the buffers' own device, with no loop over tables and no host sync.
+
+Where the space's tables sit back to back in their buffer (every TBE this project builds, and the
+pure-PyTorch tables), the view is a plain ``size x D`` tensor. Otherwise (tables of another dim
+between them) row ``g`` of table ``i`` starts at element ``base[i] + g·D``, with one ``base`` per
+table kept on the device, and the ops go through element indices (``U x D`` of them): slower, but
+still one op per space.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dlrm_vrgd.embedding.capture import RowSpace
+
+
+class RowSpaceView:
+    """Weights (``size x D``) and row-wise states (``size``, or none for SGD) of one row space.
+
+    Args:
+        space: the row space (its tables and their global row offsets).
+        weights: the flat buffer holding the space's tables (1-D, any device and float dtype).
+        weight_starts: element of ``weights`` where each table of the space starts.
+        states: the flat buffer of the row-wise states (1-D), or None (SGD).
+        state_starts: element of ``states`` where each table's states start.
+
+    Reads return float32; writes round to the buffers' dtype.
+    """
+
+    def __init__(
+        self,
+        space: RowSpace,
+        weights: Tensor,
+        weight_starts: list[int],
+        states: Tensor | None = None,
+        state_starts: list[int] | None = None,
+    ) -> None:
+        if len(weight_starts) != len(space.tables):
+            raise ValueError(f"{len(weight_starts)} starts for {len(space.tables)} tables")
+        self.space = space
+        self.dim = space.dim
+        self.device = weights.device
+        flat = weights.detach().reshape(-1)
+        self._weights_flat = flat
+        offsets = space.offsets
+        w_base = [start - offsets[i] * self.dim for i, start in enumerate(weight_starts)]
+        #: ``size x D`` view where the tables are back to back, else None
+        self.weights: Tensor | None = None
+        if len(set(w_base)) == 1:
+            first = weight_starts[0]
+            self.weights = flat[first : first + space.size * self.dim].view(space.size, self.dim)
+        self._w_base = torch.tensor(w_base, dtype=torch.int64, device=self.device)
+        self._cols = torch.arange(self.dim, device=self.device)
+        self._bounds = torch.tensor(offsets[1:-1], dtype=torch.int64, device=self.device)
+        self.states: Tensor | None = None
+        self._states_flat: Tensor | None = None
+        self._s_base: Tensor | None = None
+        if states is not None:
+            starts = state_starts if state_starts is not None else [0] * len(space.tables)
+            s_flat = states.detach().reshape(-1)
+            s_base = [start - offsets[i] for i, start in enumerate(starts)]
+            self._states_flat = s_flat
+            if len(set(s_base)) == 1:
+                self.states = s_flat[starts[0] : starts[0] + space.size]
+            self._s_base = torch.tensor(s_base, dtype=torch.int64, device=self.device)
+
+    @staticmethod
+    def contiguous(space: RowSpace, weights: Tensor, states: Tensor | None) -> RowSpaceView:
+        """The view of ``weights`` (``size x D``) and ``states`` (``size``) held as they are."""
+        return RowSpaceView(
+            space,
+            weights,
+            [o * space.dim for o in space.offsets[:-1]],
+            states,
+            list(space.offsets[:-1]),
+        )
+
+    @property
+    def has_states(self) -> bool:
+        return self._states_flat is not None
+
+    def table_index(self, rows: Tensor) -> Tensor:
+        """Position in ``space.tables`` of each global row (on the device, no host sync)."""
+        return torch.bucketize(rows, self._bounds, right=True)
+
+    def _elements(self, rows: Tensor) -> Tensor:
+        """Flat element indices ``U x D`` of ``rows`` (tables not back to back)."""
+        start = self._w_base[self.table_index(rows)] + rows * self.dim
+        return start[:, None] + self._cols
+
+    def gather(self, rows: Tensor) -> Tensor:
+        """A float32 copy of the weights of global ``rows`` (``U x D``)."""
+        if self.weights is not None:
+            return self.weights.index_select(0, rows).float()
+        return self._weights_flat[self._elements(rows)].float()
+
+    def rounded(self, values: Tensor) -> Tensor:
+        """``values`` as the weights' buffer stores them (float32 again)."""
+        dtype = self._weights_flat.dtype
+        return values if dtype == values.dtype else values.to(dtype).float()
+
+    def add_(self, rows: Tensor, values: Tensor) -> None:
+        """Add ``values`` (``U x D``) to the weights of global ``rows`` (unique)."""
+        values = values.to(self._weights_flat.dtype)
+        if self.weights is not None:
+            self.weights.index_add_(0, rows, values)
+        else:
+            self._weights_flat.index_add_(0, self._elements(rows).reshape(-1), values.reshape(-1))
+
+    def put_(self, rows: Tensor, values: Tensor) -> None:
+        """Write ``values`` (``U x D``) as the weights of global ``rows`` (unique)."""
+        values = values.to(self._weights_flat.dtype)
+        if self.weights is not None:
+            self.weights.index_copy_(0, rows, values)
+        else:
+            self._weights_flat.index_copy_(0, self._elements(rows).reshape(-1), values.reshape(-1))
+
+    def _state_index(self, rows: Tensor) -> Tensor:
+        assert self._s_base is not None
+        return self._s_base[self.table_index(rows)] + rows
+
+    def gather_states(self, rows: Tensor) -> Tensor | None:
+        """A float32 copy of the row-wise states of ``rows`` (``U``); None for SGD."""
+        if self._states_flat is None:
+            return None
+        if self.states is not None:
+            return self.states.index_select(0, rows).float()
+        return self._states_flat.index_select(0, self._state_index(rows)).float()
+
+    def put_states_(self, rows: Tensor, values: Tensor) -> None:
+        """Write ``values`` (``U``) as the row-wise states of global ``rows`` (unique)."""
+        if self._states_flat is None:
+            raise ValueError("this row space has no row-wise state (SGD)")
+        values = values.to(self._states_flat.dtype)
+        if self.states is not None:
+            self.states.index_copy_(0, rows, values)
+        else:
+            self._states_flat.index_copy_(0, self._state_index(rows), values)

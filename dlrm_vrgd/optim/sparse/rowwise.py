@@ -1,0 +1,94 @@
+"""The row-wise update of DESIGN.md 4.3 as a functional kernel: a few index ops on one row space.
+
+For the touched rows ``rows`` (U, unique) of a row space with mean gradients ``ḡ`` (U x D) and
+ratios ``r`` (U, in ``[γ, 1]``), the kernels of FBGEMM's fused optimizers are
+
+* EXACT_ROWWISE_ADAGRAD: ``s_row += mean_D(g²)``, ``Δ_row = −lr · g / (√s_row + ε)``;
+* EXACT_SGD: ``Δ_row = −lr · g``,
+
+and the ratio acts (``placement``)
+
+* ``update``: ``g = ḡ``, the row moves by ``r_row · Δ_row``: exactly ``r_row`` times its plain
+  step from the same state, whose sums see the unscaled gradient;
+* ``gradient``: ``g = r_row · ḡ`` enters the kernel (its Adagrad normalisation largely cancels
+  ``r``; the same as ``update`` for SGD).
+
+:func:`scaled_rowwise_step` applies that in one pass: gather the rows' states, write the new
+ones, add the steps to the weights — one gather and one write per buffer, whatever the number of
+tables. With ``measure`` it also returns, per row, the realised step ``‖w_after − w_before‖`` (read
+from what was written) and the plain step ``‖Δ_row‖`` of ``ḡ`` from the row's state before the step
+(their ratio is the realised step ratio of the telemetry): the same pass, a write instead of an
+add, so measuring costs no second update.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from dlrm_vrgd.embedding.views import RowSpaceView
+
+Kernel = Literal["rowwise_adagrad", "sgd"]
+
+
+def plain_step(kernel: str, lr: float, eps: float, grad: Tensor, state: Tensor | None) -> Tensor:
+    """``Δw_row`` (U x D) of the fused kernel's plain update of each row by ``grad`` (U x D),
+    given the row state *after* the update (U, the Adagrad sums including ``mean_D g²``):
+    row-wise Adagrad ``−lr·g/(√s + ε)``, SGD ``−lr·g``."""
+    if kernel == "sgd" or state is None:
+        return grad * -lr
+    return grad * (-lr / (state.sqrt() + eps))[:, None]
+
+
+def plain_step_norm(
+    kernel: str, lr: float, eps: float, grad: Tensor, state: Tensor | None
+) -> Tensor:
+    """``‖Δw_row‖`` of the fused kernel's plain update of each row by ``grad`` (U x D) from row
+    state ``state`` (U, the Adagrad sums *before* the step): row-wise Adagrad
+    ``lr·‖g‖/(√(s + mean_D g²) + ε)``, SGD ``lr·‖g‖``."""
+    after = None if state is None else state + grad.square().mean(dim=1)
+    return torch.linalg.vector_norm(plain_step(kernel, lr, eps, grad, after), dim=1)
+
+
+def scaled_rowwise_step(
+    view: RowSpaceView,
+    rows: Tensor,
+    mean_grad: Tensor,
+    ratio: Tensor,
+    *,
+    lr: float,
+    eps: float,
+    kernel: Kernel,
+    placement: Literal["update", "gradient"],
+    measure: bool = False,
+) -> tuple[Tensor, Tensor] | None:
+    """Update global ``rows`` (U, unique) of ``view`` by their mean gradients ``mean_grad``
+    (U x D) scaled by ``ratio`` (U) as the module doc says; with ``measure`` return the rows'
+    ``(‖realised step‖, ‖plain step‖)`` (U each), else None."""
+    ratio = ratio.to(mean_grad.dtype)
+    grad = mean_grad if placement == "update" else mean_grad * ratio[:, None]
+    state_before = view.gather_states(rows) if kernel == "rowwise_adagrad" else None
+    state = None
+    if state_before is not None:
+        state = state_before + grad.square().mean(dim=1)
+        view.put_states_(rows, state)
+    delta = plain_step(kernel, lr, eps, grad, state)
+    plain = None
+    if measure:
+        if placement == "update":
+            plain = torch.linalg.vector_norm(delta, dim=1)
+        else:
+            plain = plain_step_norm(kernel, lr, eps, mean_grad, state_before)
+    if placement == "update":
+        delta.mul_(ratio[:, None])
+    if not measure:
+        view.add_(rows, delta)
+        return None
+    before = view.gather(rows)
+    after = view.rounded(before + delta)  # what the write stores
+    view.put_(rows, after)
+    actual = torch.linalg.vector_norm(after.sub_(before), dim=1)
+    assert plain is not None
+    return actual, plain
