@@ -52,6 +52,8 @@ MAX_CELLS = 10_000
 #: Longest list of batch sizes, optimizers, LR multipliers or seeds.
 MAX_AXIS = 64
 LrRule = Literal["sqrt", "linear", "none", "cowclip"]
+#: A Markdown page of the repository, by its relative path (named in reports, never read).
+PagePath = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.md$", max_length=300)]
 #: k, micro-batches per step: B = G / k is at least one row.
 Groups = list[Count(1, MAX_BATCH)]
 
@@ -76,6 +78,16 @@ class StudyOptimizer(_Section):
     lr_rule: LrRule | None = None
     #: This optimizer's multiplier under the rule protocol, instead of the study's.
     rule_multiplier: Real(gt=0, le=1e6) | None = None
+
+
+class Endpoint(_Section):
+    """A primary endpoint: the tuned interaction ``(optimizer − baseline at the largest batch)
+    − (the same at the smallest)``, paired by seed. ``baseline`` defaults to the optimizer's
+    own; ``groups`` picks one k of an optimizer that has several."""
+
+    optimizer: Annotated[str, Field(max_length=100)]
+    baseline: Annotated[str, Field(max_length=100)] | None = None
+    groups: Count(1, MAX_BATCH) | None = None
 
 
 class StudyConfig(_Section):
@@ -129,6 +141,24 @@ class StudyConfig(_Section):
     #: "Rows to reach" this validation AUC; None: 0.01 below the oracle's validation AUC.
     target_auc: Real(gt=0.5, lt=1.0) | None = None
     train_eval_rows: Count(1, MAX_ROWS) = 50_000
+    #: Two-stage: the batches the confirmation seeds train (default: every batch). A batch left
+    #: out is tuned only; the report shows its tuning seeds' validation AUC, labelled as such.
+    #: Must hold the smallest and the largest batch (the interactions need both).
+    confirm_batches: list[Count(1, MAX_BATCH)] | None = Field(
+        default=None, min_length=2, max_length=MAX_AXIS
+    )
+    #: The primary endpoints, fixed before any cell runs; the report adjusts their p-values by
+    #: Holm's method over exactly these. None: every tuned interaction of an arm with its base
+    #: is the family, and the report says it was not pre-registered.
+    primary_endpoints: list[Endpoint] | None = Field(
+        default=None, min_length=1, max_length=MAX_AXIS
+    )
+    #: Where the study was pre-registered: a page of this repository (e.g.
+    #: ``docs/study/NAME/PREREGISTRATION.md``), named at the top of the report.
+    preregistration: PagePath | None = None
+    #: Cells run after seeing a study's results, to explain them: the report labels every
+    #: figure exploratory (not pre-registered, no primary endpoints).
+    exploratory: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> StudyConfig:
@@ -177,6 +207,7 @@ class StudyConfig(_Section):
         names = [o.name for o in self.optimizers]
         if len(set(names)) != len(names):
             raise ValueError(f"optimizers: names must be unique, got {names}")
+        self._check_reporting(names)
         for o in self.optimizers:
             if o.baseline is not None and o.baseline not in names:
                 raise ValueError(f"optimizers.{o.name}.baseline: no optimizer {o.baseline!r}")
@@ -189,6 +220,44 @@ class StudyConfig(_Section):
         except ConfigError as err:
             raise ValueError(str(err)) from None
         return self
+
+    def _check_reporting(self, names: list[str]) -> None:
+        """The fields that say which batches confirm and what the report's primary family is."""
+        if self.confirm_batches is not None:
+            if not self.two_stage:
+                raise ValueError("confirm_batches is for two-stage studies (tune/confirm seeds)")
+            extra = sorted(set(self.confirm_batches) - set(self.batch_sizes))
+            if extra:
+                raise ValueError(f"confirm_batches: {extra} not in batch_sizes")
+            ends = {min(self.batch_sizes), max(self.batch_sizes)}
+            if not ends <= set(self.confirm_batches):
+                raise ValueError(
+                    f"confirm_batches must hold the smallest and largest batch {sorted(ends)}"
+                )
+        if self.exploratory and (self.preregistration or self.primary_endpoints):
+            raise ValueError(
+                "exploratory: an exploratory study has no pre-registration or primary endpoints"
+            )
+        for i, e in enumerate(self.primary_endpoints or []):
+            where = f"primary_endpoints.{i}"
+            if e.optimizer not in names:
+                raise ValueError(f"{where}.optimizer: no optimizer {e.optimizer!r}")
+            base = e.baseline or self.optimizer(e.optimizer).baseline
+            if base is None:
+                raise ValueError(f"{where}.baseline: {e.optimizer} has no baseline; name one")
+            if base not in names or base == e.optimizer:
+                raise ValueError(f"{where}.baseline: {base!r} is not another optimizer")
+            ks = self.groups_of(self.optimizer(e.optimizer))
+            if e.groups is not None and e.groups not in ks:
+                raise ValueError(f"{where}.groups: {e.optimizer} has no k = {e.groups}")
+        keys = [(e.optimizer, e.baseline, e.groups) for e in self.primary_endpoints or []]
+        if len(set(keys)) != len(keys):
+            raise ValueError("primary_endpoints: an endpoint is listed twice")
+
+    @property
+    def confirmed_batches(self) -> list[int]:
+        """The batches the confirmation seeds train (two-stage)."""
+        return sorted(self.confirm_batches or self.batch_sizes)
 
     @property
     def two_stage(self) -> bool:

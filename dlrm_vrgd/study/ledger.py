@@ -7,7 +7,10 @@ keeps for each finished cell the figures the report reads from its run directory
 (:func:`cell_figures`) and the SHA-256 of the config it trained. A cell counts as finished when
 its run directory holds ``result.json`` (its ``config.json`` must be the config the study gives
 it now) or when the ledger holds it under the digest of that config; either way it is never
-rerun. The ledger is rewritten whole (to a temporary file, then renamed) after each cell.
+rerun. The ledger is rewritten whole (to a temporary file, then renamed) after each cell, so a
+process killed at any moment leaves it holding every cell finished before. ``cost_s`` beside a
+cell's figures is what the cell cost in its study process: :mod:`dlrm_vrgd.study.budget`
+estimates the next cells' cost from it, across allocations.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from dlrm_vrgd.study.config import Cell, StudyConfig
 
 LEDGER = "cells.jsonl"
 
-#: Config keys that say where a run is tracked, not what it trains: a finished cell is reused
-#: whatever they were.
-#: run keys that change neither what a cell trains nor its figures: tracking, and when glibc's
-#: heap is handed back (a cell's digest leaves them out)
-_TRACKING_KEYS = ("tensorboard", "mlflow", "heap_release")
+#: run keys that change neither what a cell trains nor its figures — where it is tracked, when
+#: glibc's heap is handed back, how the micro-batches are built ahead (the rows are the same
+#: whoever builds them) — so a finished cell is reused whatever they were: a cell's digest
+#: leaves them out
+_TRACKING_KEYS = ("tensorboard", "mlflow", "heap_release", "input")
 
 
 def _untracked(config: dict[str, Any]) -> dict[str, Any]:
@@ -240,14 +243,28 @@ class Ledger:
         figures = self.figures(cell)
         return None if figures is None else figures["val_auc"]
 
-    def record(self, cell: Cell) -> None:
+    def records(self) -> dict[str, dict[str, Any]]:
+        """The ledger's records by cell id, as read and as recorded since (checked in shape)."""
+        return dict(self._records)
+
+    def cost_s(self, cell_id: str) -> float | None:
+        """What the cell cost in its study process (seconds, start to ledger), where recorded."""
+        rec = self._records.get(cell_id)
+        return None if rec is None else finite(rec.get("cost_s"))
+
+    def record(self, cell: Cell, cost_s: float | None = None) -> None:
         """Put a cell whose run directory has just finished (or is missing from the ledger)
-        into ``cells.jsonl``, rewritten whole."""
+        into ``cells.jsonl``, rewritten whole; ``cost_s`` (the cell's wall time in the study's
+        process) estimates the next cells' (:mod:`dlrm_vrgd.study.budget`). A cost already
+        recorded is kept where none is given."""
         figures = self.figures(cell)
         if figures is None:
             raise ValueError(f"cell {cell.id} has not finished")
         digest = config_digest(cell_config(self.study, cell))
-        rec = {"cell": cell.id, "config_sha256": digest, "figures": figures}
+        rec: dict[str, Any] = {"cell": cell.id, "config_sha256": digest, "figures": figures}
+        cost = self.cost_s(cell.id) if cost_s is None else round(cost_s, 2)
+        if cost is not None:
+            rec["cost_s"] = cost
         if self._records.get(cell.id) == json.loads(json.dumps(rec)):
             return
         self._records[cell.id] = rec
@@ -264,6 +281,9 @@ def _valid(rec: dict[str, Any], where: str) -> str:
         raise ValueError(f"{where}: 'config_sha256' must be 64 hex digits")
     if not isinstance(figures, dict):
         raise ValueError(f"{where}: 'figures' must be an object")
+    cost = rec.get("cost_s")
+    if cost is not None and not (_number(cost) and cost >= 0):
+        raise ValueError(f"{where}: 'cost_s' must be a finite number >= 0 or absent")
     for key in _REQUIRED:
         if not _number(figures.get(key)):
             raise ValueError(f"{where}: figures.{key} must be a finite number")

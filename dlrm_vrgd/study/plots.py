@@ -27,6 +27,8 @@ def write_plots(
     import matplotlib.pyplot as plt
 
     paths = []
+    # every figure of an exploratory study says so on its face
+    tag = " (EXPLORATORY)" if study.exploratory else ""
     names = [o.name for o in study.optimizers]
     colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
     vr = {o.name for o in study.optimizers if o.baseline}  # compared against a base
@@ -92,7 +94,7 @@ def write_plots(
         ax.set_xticks(sorted(study.batch_sizes), [f"{g:,}" for g in sorted(study.batch_sizes)])
         ax.minorticks_off()
         ax.set_xlabel("global batch (rows)")
-        ax.set_title(f"{study.name}: test AUC vs batch, {what}")
+        ax.set_title(f"{study.name}: test AUC vs batch, {what}{tag}")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("test AUC (mean ± sd over seeds)")
     axes[0][-1].legend(fontsize=8)
@@ -127,7 +129,7 @@ def write_plots(
                 st = style(name, k)
                 st.pop("marker")
                 ax.plot(xs, ys, **st)
-        ax.set_title(f"batch {g:,}")
+        ax.set_title(f"batch {g:,}{tag}")
         ax.set_xlabel("rows seen")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation AUC")
@@ -154,7 +156,7 @@ def write_plots(
             if tables:
                 ax_t.plot(*zip(*tables, strict=True), label=f"{label(name, k)} G={g:,}", **st)
     for ax, what in ((ax_d, "dense layers"), (ax_t, "embedding tables")):
-        ax.set_title(f"mean GSNR ratio, {what}")
+        ax.set_title(f"mean GSNR ratio, {what}{tag}")
         ax.set_xlabel("fraction of training")
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
@@ -199,7 +201,7 @@ def write_plots(
             ax.set_xticks(ks, [str(k) for k in ks])
             ax.minorticks_off()
             ax.set_xlabel("k: micro-batches (gradient groups) per step")
-            ax.set_title(f"VR cells: test AUC vs k, {what}")
+            ax.set_title(f"VR cells: test AUC vs k, {what}{tag}")
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("test AUC (mean ± sd over seeds)")
         axes[0][-1].legend(fontsize=8)

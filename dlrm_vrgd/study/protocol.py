@@ -6,8 +6,9 @@ out by one notch (the ratio of the two outermost multipliers there; ×2 / ÷2 fo
 up to ``edge_extensions`` times; a pick still on the edge after that is reported as an edge
 pick. Stage 2 (*confirm*): the fresh ``confirm_seeds`` train at each pick (the *tuned*
 protocol) and at the *rule* multiplier — each (optimizer, k)'s own pick at the smallest batch,
-fixed once the smallest batch's tuning is complete and before any larger-batch cell runs. Only
-confirmation cells are reported; test AUC is never read to choose anything.
+fixed once the smallest batch's tuning is complete and before any larger-batch cell runs — at
+every batch of ``confirm_batches`` (default: all). Only confirmation cells are reported; test
+AUC is never read to choose anything.
 
 Everything here is a pure function of the study config and the finished cells' validation AUCs,
 so the runner (which cells to train next) and the report (which cells are which) agree.
@@ -96,7 +97,10 @@ def plan(study: StudyConfig, val_auc: dict[str, float]) -> Plan:
         if g == smallest and gp.pick is not None
     }
     confirm_cells: list[Cell] = []
+    confirmed = set(study.confirmed_batches)
     for (g, opt, k), gp in groups.items():
+        if g not in confirmed:  # tuned only (``confirm_batches``)
+            continue
         ms = [m for m in (gp.pick, rule.get((opt, k))) if m is not None]
         for m in dict.fromkeys(ms):
             confirm_cells += [Cell(g, opt, m, s, k) for s in confirm_seeds]

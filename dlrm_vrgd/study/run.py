@@ -47,6 +47,14 @@ from pydantic import ValidationError
 
 from dlrm_vrgd.config import ConfigError, MlflowConfig, TrainConfig
 from dlrm_vrgd.rundir import RESULT, JsonlWriter, atomic_write_bytes, atomic_write_json
+from dlrm_vrgd.study.budget import (
+    Budget,
+    BudgetSpent,
+    CostKey,
+    allocation_record,
+    cost_key,
+    write_bundle,
+)
 from dlrm_vrgd.study.config import Cell, StudyConfig
 from dlrm_vrgd.study.ledger import Ledger
 from dlrm_vrgd.study.protocol import Plan, finished_val_aucs
@@ -64,13 +72,25 @@ def run_study(
     out: Path,
     on_cell: CellCallback | None = None,
     train_callbacks: list[Any] | None = None,
+    budget: Budget | None = None,
+    bundle: Path | None = None,
 ) -> dict[str, Any]:
     """Train every unfinished cell, then write the report; returns the results dict.
 
     ``on_cell`` (see :data:`CellCallback`) hears about each cell; ``train_callbacks`` are passed
-    to each cell's training when the cells run in this process (``study.workers == 1``).
+    to each cell's training when the cells run in this process (``study.workers == 1``). With a
+    ``budget`` (:mod:`dlrm_vrgd.study.budget`) a cell whose estimated cost does not fit in what
+    is left is not started: the study stops there, writes its report from the cells finished
+    and returns with ``results["stopped"]`` saying why (``result.json``, "complete", is written
+    only once every cell is). ``bundle`` is a directory that receives the files an allocation
+    brings back (:data:`~dlrm_vrgd.study.budget.BUNDLE_FILES`), refreshed after every cell.
     """
     out = Path(out)
+    if budget is not None and study.workers != 1:
+        raise ConfigError(
+            "a time budget runs the cells one after another in this process: set workers: 1 "
+            f"(the study has workers: {study.workers})"
+        )
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "study.json"
     resolved = study.model_dump(mode="json")
@@ -92,13 +112,24 @@ def run_study(
     (out / "metrics.jsonl").unlink(missing_ok=True)  # rewritten below, from the cells themselves
     log = JsonlWriter(out / "metrics.jsonl")
     done = 0
+    ran: list[tuple[str, float]] = []  # the cells this process trained, and their cost
+    if budget is not None:
+        budget.history += ledger_costs(ledger)
 
-    def finished(i: int, cell: Cell, status: str) -> None:
+    def finished(i: int, cell: Cell, status: str, cost_s: float | None = None) -> None:
         nonlocal done
         done += 1
-        ledger.record(cell)
+        ledger.record(cell, cost_s)
         record = _cell_record(done, len(cells), cell, ledger, status)
         log.write(record)
+        if cost_s is not None:
+            ran.append((cell.id, cost_s))
+            if budget is not None:
+                budget.history.append((cost_key(study, cell), cost_s))
+            if bundle is not None:
+                write_bundle(
+                    out, bundle, allocation_record(budget, ran, done, len(cells), None, False)
+                )
         if on_cell:
             on_cell(i, len(cells), cell, status, record)
 
@@ -113,6 +144,8 @@ def run_study(
             from dlrm_vrgd.train.loop import train
 
             for i, cell in todo:
+                if budget is not None:
+                    budget.check(cell, cost_key(study, cell))
                 if on_cell:
                     on_cell(i, len(cells), cell, "start", None)
                 t0 = time.perf_counter()
@@ -121,11 +154,13 @@ def run_study(
                     out / "cells" / cell.id,
                     callbacks=list(train_callbacks or []),
                 )
+                _release_memory()
                 logger.info("cell %s done in %.1fs", cell.id, time.perf_counter() - t0)
-                finished(i, cell, "done")
+                finished(i, cell, "done", time.perf_counter() - t0)
         else:
             _run_parallel(study, out, todo, finished, mlflow)
 
+    stopped: BudgetSpent | None = None
     try:
         if study.two_stage:
             _run_two_stage(study, out, cells, ledger, finished, run_cells)
@@ -137,15 +172,48 @@ def run_study(
                     continue
                 todo.append((i, cell))
             run_cells(todo)
+    except BudgetSpent as spent:
+        stopped = spent
+        logger.info("study %s stopped: %s", study.name, spent)
     finally:
         log.close()
     results = write_report(study, out)
-    atomic_write_json(out / RESULT, results)
+    complete = stopped is None and results["cells_finished"] == results["cells_total"]
+    results["stopped"] = None if stopped is None else str(stopped)
+    if complete:
+        atomic_write_json(out / RESULT, results)
+    if bundle is not None:
+        alloc = allocation_record(
+            budget, ran, results["cells_finished"], results["cells_total"], stopped, complete
+        )
+        write_bundle(out, bundle, alloc)
     if mlflow is not None:
         from dlrm_vrgd.tracking.mlflow_sink import log_study_report
 
         log_study_report(mlflow[0], mlflow[1], out)
     return results
+
+
+def ledger_costs(ledger: Ledger) -> list[tuple[CostKey, float]]:
+    """The recorded cost of every cell in the ledger, keyed for :func:`budget.estimate`."""
+    out = []
+    for cell_id, rec in ledger.records().items():
+        cost, f = ledger.cost_s(cell_id), rec["figures"]
+        if cost is not None and isinstance(f.get("groups"), int):
+            out.append(((int(f["global_batch"]), str(f["optimizer"]), f["groups"]), cost))
+    return out
+
+
+def _release_memory() -> None:
+    """Hand a finished cell's tensors back before the next one (its trainer is gone): the
+    CUDA caching allocator's blocks too, so that a 512k cell never meets its predecessor's."""
+    import gc
+
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _run_two_stage(
@@ -226,10 +294,13 @@ _GRID_ONLY = (
     "groups",
     "confirm_seeds",
     "collapse_auc",
+    "primary_endpoints",
+    "preregistration",
+    "exploratory",
 )
 #: Study fields added after studies were first run: at their defaults they are left out of the
 #: spec, so that a study.json written before them still matches.
-_LATER_STUDY_FIELDS = {"tune_seeds": None, "edge_extensions": 0}
+_LATER_STUDY_FIELDS = {"tune_seeds": None, "edge_extensions": 0, "confirm_batches": None}
 
 
 #: Optimizer fields added after studies were first run: unset, they are left out of the spec so

@@ -1,5 +1,6 @@
 """The study's statistics: Student-t intervals and p-values for paired differences,
-Clopper–Pearson intervals for a count, Fisher's exact test for two counts (``scipy.stats``)."""
+Clopper–Pearson intervals for a count, Fisher's exact test for two counts (``scipy.stats``),
+and Holm's step-down adjustment of a family of p-values."""
 
 from __future__ import annotations
 
@@ -54,3 +55,28 @@ def clopper_pearson(x: int, n: int, level: float = LEVEL) -> tuple[float, float]
 def fisher_exact(a: int, n1: int, b: int, n2: int) -> float:
     """Two-sided p-value of Fisher's exact test: ``a`` of ``n1`` against ``b`` of ``n2``."""
     return float(sps.fisher_exact([[a, n1 - a], [b, n2 - b]]).pvalue)
+
+
+#: Family-wise error rate at which a primary endpoint "survives" Holm's correction.
+ALPHA = 0.05
+
+
+def holm(ps: list[float | None]) -> list[float | None]:
+    """Holm's (1979) step-down adjusted p-values of a family of ``m = len(ps)`` tests.
+
+    Sorted ascending, ``p_(i)`` (i = 1..m) becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``;
+    a test is rejected at family-wise level α iff its adjusted p is ≤ α. A missing p (an
+    endpoint whose cells have not run) counts in ``m`` as a test that is never rejected (p = 1),
+    so the family is the one registered, not the one that happened to finish; its adjusted p is
+    None."""
+    filled = [1.0 if p is None else float(p) for p in ps]
+    for p in filled:
+        if not 0.0 <= p <= 1.0:  # NaN fails both comparisons
+            raise ValueError(f"holm: p-value {p} is not in [0, 1]")
+    m = len(filled)
+    out: list[float | None] = [None] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: filled[i])):
+        running = max(running, min(1.0, (m - rank) * filled[i]))
+        out[i] = None if ps[i] is None else running
+    return out

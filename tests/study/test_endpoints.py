@@ -1,0 +1,167 @@
+"""Primary endpoints and Holm's correction (issue 41): adjusted p-values checked against ones
+computed by hand here; round three's registered family reproduces the outside check's 0.072;
+the family is the registered one even while some of it has not run; the report says which
+survive, labels exploratory studies, and shows batches that are tuned but not confirmed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlrm_vrgd.study.config import load_study
+from dlrm_vrgd.study.protocol import plan
+from dlrm_vrgd.study.report import markdown, primary, summarize, tuned_only
+from dlrm_vrgd.study.stats import holm
+
+from .test_report_stats import _cells, _two_stage_cells
+from .test_study import tiny
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_holm_adjusts_as_computed_by_hand() -> None:
+    # round three's four raw p (vrsgd, vradam, adagrad, cowclip_r0.1). Sorted: 0.001236 x 4 =
+    # 0.004944; 0.02392 x 3 = 0.07176; 0.03277 x 2 = 0.06554, raised to the running max 0.07176;
+    # 0.7784 x 1 = 0.7784.
+    assert holm([0.02392, 0.03277, 0.7784, 0.001236]) == pytest.approx(
+        [0.07176, 0.07176, 0.7784, 0.004944]
+    )
+    assert holm([0.6, 0.7]) == [1.0, 1.0]  # 1.2 capped at 1; monotone
+    assert holm([0.04]) == [0.04]  # a family of one is not adjusted
+    # a missing p counts in m (p = 1, never rejected): 0.01 x 2 = 0.02, not 0.01
+    assert holm([0.01, None]) == [pytest.approx(0.02), None]
+    assert holm([]) == []
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="not in"):
+            holm([0.01, bad])
+
+
+def test_round_three_s_registered_family_gives_the_outside_check_s_holm_p() -> None:
+    """The four endpoints of docs/study/cpu_round3_32k/PREREGISTRATION.md, from the committed
+    summary: VR-Adam's p = 0.033 becomes 0.072 under Holm and does not survive; VR-SGD's
+    collapse-driven −0.0476 (p = 0.024) does not either; CowClip's does."""
+    study = load_study(ROOT / "configs" / "study_cpu_round3_32k.yaml")
+    summary = json.loads((ROOT / "docs/study/cpu_round3_32k/results.json").read_text())["summary"]
+    family = primary(study, summary)
+    assert family["registered"] and family["m"] == 4
+    by = {e["optimizer"]: e for e in family["endpoints"]}
+    assert list(by) == ["vrsgd", "vradam", "adagrad", "cowclip_r0.1"]
+    assert by["vradam"]["p"] == pytest.approx(0.03277, abs=1e-5)
+    assert by["vradam"]["p_holm"] == pytest.approx(0.0718, abs=1e-4)
+    assert by["vradam"]["interaction"]["ci95"][0] > 0  # the raw interval excludes 0 ...
+    assert by["vradam"]["survives"] is False  # ... and the claim still does not survive
+    assert by["vrsgd"]["survives"] is False and by["adagrad"]["survives"] is False
+    assert by["cowclip_r0.1"]["survives"] is True
+    assert by["adagrad"]["edge"] == ["low"]  # its 32,768 pick sits on its grid's edge
+
+
+def _two_arm_cells() -> list[dict]:
+    return _cells(
+        {
+            (128, "sgd"): [0.800, 0.810, 0.805],
+            (128, "vrsgd"): [0.801, 0.812, 0.806],
+            (256, "sgd"): [0.790, 0.792, 0.801],
+            (256, "vrsgd"): [0.799, 0.805, 0.809],
+        }
+    )
+
+
+def test_an_unregistered_family_is_every_tuned_interaction_and_says_so() -> None:
+    study = tiny(lr_multipliers=[1.0], rule_multiplier=1.0, seeds=[0, 1, 2])
+    summary = summarize(study, _two_arm_cells())
+    family = primary(study, summary)
+    assert not family["registered"] and family["m"] == 1
+    (e,) = family["endpoints"]
+    # interactions by seed: (0.799-0.790)-(0.801-0.800) = 0.008, 0.011, 0.007: mean 0.008667,
+    # sd 0.002082, t = 7.21 on 2 df, p = 0.0187; a family of one: Holm p = raw p
+    assert e["interaction"]["mean"] == pytest.approx(0.008667, abs=1e-6)
+    assert e["p"] == pytest.approx(0.0187, abs=2e-4) and e["p_holm"] == e["p"]
+    assert e["survives"] is True
+    md = markdown(study, summary, 0.8, family=family)
+    assert "Not pre-registered" in md and "Holm over m = 1" in md
+    assert "Survive Holm: vrsgd k = 4 − sgd. Do not survive: none." in md
+
+
+def test_the_registered_family_counts_endpoints_that_have_not_run() -> None:
+    """An arm with no cells yet stays in m: the other endpoint's Holm p is doubled."""
+    study = tiny(
+        lr_multipliers=[1.0],
+        rule_multiplier=1.0,
+        seeds=[0, 1, 2],
+        optimizers=[
+            *tiny().model_dump()["optimizers"],
+            {
+                "name": "vr2",
+                "baseline": "sgd",
+                "dense": {"name": "vrsgd"},
+                "sparse": {"name": "gsnr_rowwise_adagrad"},
+                "dense_lr": 0.05,
+                "sparse_lr": 0.1,
+            },
+        ],  # fmt: skip
+        primary_endpoints=[{"optimizer": "vrsgd"}, {"optimizer": "vr2"}],
+    )
+    family = primary(study, summarize(study, _two_arm_cells()))
+    assert family["registered"] and family["m"] == 2
+    done, missing = family["endpoints"]
+    assert done["p_holm"] == pytest.approx(2 * done["p"], rel=1e-3)
+    assert missing["optimizer"] == "vr2" and missing["p"] is None and missing["survives"] is None
+    md = markdown(study, summarize(study, _two_arm_cells()), 0.8, family=family)
+    assert "| vr2 − sgd |" in md and "| not run |" in md
+
+
+def test_an_exploratory_study_is_labelled_above_every_figure() -> None:
+    study = tiny(lr_multipliers=[1.0], rule_multiplier=1.0, seeds=[0, 1, 2], exploratory=True)
+    summary = summarize(study, _two_arm_cells())
+    md = markdown(study, summary, 0.8, family=primary(study, summary))
+    head = md.split("## ")[0]
+    assert "**Exploratory cells**, not pre-registered" in head  # before the first table
+    assert "(exploratory)" in md.split("\n## ")[1].splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"primary_endpoints": [{"optimizer": "nope"}]}, r"primary_endpoints\.0\.optimizer"),
+        ({"primary_endpoints": [{"optimizer": "sgd"}]}, "sgd has no baseline"),
+        ({"primary_endpoints": [{"optimizer": "vrsgd", "baseline": "vrsgd"}]}, "not another"),
+        ({"primary_endpoints": [{"optimizer": "vrsgd", "groups": 3}]}, "no k = 3"),
+        ({"primary_endpoints": [{"optimizer": "vrsgd"}] * 2}, "listed twice"),
+        ({"exploratory": True, "preregistration": "docs/x.md"}, "exploratory"),
+        ({"preregistration": "/etc/passwd"}, "preregistration"),
+        ({"confirm_batches": [128, 256]}, "two-stage"),
+    ],
+)
+def test_reporting_fields_are_checked_and_named(change: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        tiny(**change)
+
+
+def test_a_batch_left_out_of_confirm_batches_is_tuned_only_and_labelled() -> None:
+    study = tiny(
+        batch_sizes=[128, 256, 512],
+        lr_multipliers=[0.5, 1.0],
+        tune_seeds=[0],
+        confirm_seeds=[10, 11],
+        edge_extensions=0,
+        confirm_batches=[128, 512],
+    )
+    with pytest.raises(ValueError, match="smallest and largest"):
+        tiny(**{**study.model_dump(), "confirm_batches": [128, 256]})
+    cells = _two_stage_cells(study, lambda c: 0.7 - abs(c.lr_multiplier - 1), lambda c: 0.8)
+    p = plan(study, {c["cell"]: c["val_auc"] for c in cells})
+    assert not p.todo and p.groups[(256, "sgd", None)].pick == 1.0  # tuned at 256 ...
+    assert {c.global_batch for c in p.confirm_cells} == {128, 512}  # ... never confirmed there
+    assert {c["global_batch"] for c in cells if c["seed"] >= 10} == {128, 512}
+    summary = summarize(study, cells, "tuned", p)
+    assert {s["global_batch"] for s in summary} == {128, 512}
+    extra = tuned_only(study, p)
+    assert [(r["global_batch"], r["optimizer"], r["lr_multiplier"]) for r in extra] == [
+        (256, "sgd", 1.0),
+        (256, "vrsgd", 1.0),
+    ]
+    md = markdown(study, summary, 0.8, plan=p, tuned_only=extra)
+    assert "| 256 | sgd (tuning seeds only, not confirmed) |" in md
+    assert "Batches [256] are tuned but not confirmed" in md
