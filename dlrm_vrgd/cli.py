@@ -313,13 +313,38 @@ def cmd_study(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    budget = None
+    if args.budget_s is not None:
+        import time
+
+        from dlrm_vrgd.study.budget import Budget, process_age_s
+
+        # the interpreter's start and the imports count too: the budget runs from the process's
+        budget = Budget(
+            args.budget_s,
+            reserve_s=min(args.reserve_s, args.budget_s / 2),
+            start=time.monotonic() - process_age_s(),
+        )
     results = run_study(
-        study, out, on_cell=on_cell, train_callbacks=[progress] if study.workers == 1 else []
+        study,
+        out,
+        on_cell=on_cell,
+        train_callbacks=[progress] if study.workers == 1 else [],
+        budget=budget,
+        bundle=Path(args.bundle) if args.bundle else None,
     )
-    print((out / "results.md").read_text())
+    if results.get("stopped"):
+        print(
+            f"stopped within the budget: {results['stopped']}; "
+            f"{results['cells_finished']}/{results['cells_total']} cells finished. "
+            "The same command resumes (from the ledger, cells.jsonl)."
+        )
+    else:
+        print((out / "results.md").read_text())
     print(
         f"results: {out}/results.json, results.csv, results.md and *.png "
         f"({results['cells_finished']}/{results['cells_total']} cells)"
+        + (f"; bundle: {args.bundle}" if args.bundle else "")
     )
     return 0
 
@@ -557,6 +582,16 @@ def cmd_advise(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.0 < value < 1e9:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -750,6 +785,26 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--config", help="YAML StudyConfig (see configs/study_*.yaml)")
     st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     st.add_argument("--out", help="study directory (default runs/study-NAME)")
+    st.add_argument(
+        "--budget-s",
+        type=_positive_seconds,
+        metavar="N",
+        help="run the cells that fit in N seconds from this process's start, then stop cleanly "
+        "(each cell's cost estimated from the cells done so far; the same command resumes)",
+    )
+    st.add_argument(
+        "--reserve-s",
+        type=_positive_seconds,
+        default=20.0,
+        metavar="S",
+        help="of the budget, seconds kept for the report and the bundle at the end (default 20)",
+    )
+    st.add_argument(
+        "--bundle",
+        metavar="DIR",
+        help="copy the files an allocation brings back (ledger, picks, reports, allocation.json:"
+        " at most 8) into DIR after every cell",
+    )
     st.set_defaults(fn=cmd_study)
 
     tb = sub.add_parser(

@@ -20,6 +20,7 @@ finished cell so that an allocation cut short still brings back every cell it fi
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlrm_vrgd.procfs import start_time
 from dlrm_vrgd.rundir import atomic_write_bytes, atomic_write_json
 from dlrm_vrgd.study.config import Cell, StudyConfig
 
@@ -128,6 +130,21 @@ def estimate(key: CostKey, history: Iterable[tuple[CostKey, float]]) -> float | 
         if costs:
             return SAFETY * statistics.median(costs)
     return None
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (its interpreter start and imports count against a
+    budget too): ``/proc/self/stat``'s start time against ``/proc/uptime``; 0 where either is
+    missing (not Linux)."""
+    started = start_time(os.getpid())
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    if started is None or not started.isdigit():
+        return 0.0
+    return max(0.0, uptime - int(started) / ticks)
 
 
 def write_bundle(out: Path, bundle: Path, allocation: dict[str, Any]) -> list[Path]:
