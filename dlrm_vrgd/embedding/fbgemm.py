@@ -136,11 +136,14 @@ def row_space_view(
     if tbe.optimizer != EmbOptimType.EXACT_SGD:
         m_place, m_off = _placements(tbe, "momentum1", layout)
         places |= {m_place[t] for t in space.tables}
-        states = _buffer(tbe, "momentum1", m_place[space.tables[0]])
         s_start = [m_off[t] for t in space.tables]
+    if EmbeddingLocation.MANAGED_CACHING in places:
+        _buffer(tbe, "weights", EmbeddingLocation.MANAGED_CACHING)  # raises: says why
     if len(places) != 1:
         return None
     weights = _buffer(tbe, "weights", w_place[space.tables[0]])
+    if s_start is not None:
+        states = _buffer(tbe, "momentum1", m_place[space.tables[0]])
     return RowSpaceView(space, weights, [w_start[t] for t in space.tables], states, s_start)
 
 

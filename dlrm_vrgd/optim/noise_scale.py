@@ -131,6 +131,8 @@ class SmoothedEstimates:
         b = self.beta
         if self._g2 is None or self._s is None or self._g2.shape != g2.shape:
             self._g2, self._s, self.t = torch.zeros_like(g2), torch.zeros_like(s), 0
+        elif self._g2.device != g2.device:  # resumed from a checkpoint read onto the CPU
+            self._g2, self._s = self._g2.to(g2.device), self._s.to(s.device)
         self._g2.mul_(b).add_(g2, alpha=1 - b)
         self._s.mul_(b).add_(s, alpha=1 - b)
         self.t += 1

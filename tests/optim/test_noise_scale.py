@@ -246,3 +246,15 @@ def test_two_ranks_equal_one_rank_with_the_same_groups(tmp_path: Path) -> None:
             assert k == K
             assert sq_of_mean == pytest.approx(one.sq_of_mean.tolist(), rel=1e-5)
             assert mean_of_sq == pytest.approx(one.mean_of_sq.tolist(), rel=1e-5)
+
+
+def test_resumed_estimates_follow_the_step_onto_its_device() -> None:
+    """A checkpoint is read onto the CPU; a GPU run's pieces then arrive on the GPU (here the
+    meta device stands in): the EMAs move to them instead of failing on a device mismatch."""
+    from dlrm_vrgd.optim.noise_scale import SmoothedEstimates
+
+    store = SmoothedEstimates(0.5)
+    store.load_state_dict({"t": 3, "g2": torch.ones(2), "s": torch.ones(2)})
+    store.update(torch.zeros(2, device="meta"), torch.zeros(2, device="meta"))
+    g2, s = store.smoothed()
+    assert g2.device.type == "meta" and s.device.type == "meta" and store.t == 4

@@ -65,18 +65,24 @@ def test_gamma_one_equals_fbgemm_fused_on_the_global_batch(kernel: str) -> None:
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("accumulate", ["slot", "merge"])
 @pytest.mark.parametrize("placement", ["update", "gradient"])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("k", [2, 4, 8])
-def test_row_statistics_match_embedding_bag_reference(weighted: bool, k: int, placement) -> None:
+def test_row_statistics_match_embedding_bag_reference(
+    weighted: bool, k: int, placement: str, accumulate: str
+) -> None:
     """Row statistics by reference; EXACT_SGD moves every row by lr · r · ḡ under either
-    placement (the kernel gets ḡ and the step is scaled, or it gets r · ḡ)."""
+    placement (the step of ḡ is scaled, or the rule gets r · ḡ), whichever way the groups'
+    sums are formed (folded in as they come, or merged at the step)."""
     bags = random_bags([r for r, _ in TABLES], batch=8 * k, weighted=weighted, seed=k)
     upstream = upstream_for(8 * k, seed=1)
     ebc = make_ebc("sgd", weighted)
     before = [w.detach().clone().double() for w in ebc.table_weights()]
     gamma = 0.25
-    opt = deferred_step(ebc, bags, upstream, k=k, gsnr=True, gamma=gamma, placement=placement)
+    opt = deferred_step(
+        ebc, bags, upstream, k=k, gsnr=True, gamma=gamma, placement=placement, accumulate=accumulate
+    )
 
     # each group's loss is the mean over its own 8 bags: ∂L_g/∂pooled = upstream / 8
     group_grads = reference_row_grads(bags, FEATURE_TABLE, TABLES, "sum", upstream.double() / 8, k)

@@ -104,13 +104,21 @@ def run_step(backend, opt: SparseRowwiseOptimizer, step: int) -> None:
     opt.step()
 
 
+@pytest.mark.parametrize("accumulate", ["slot", "merge"])  # the CPU's and a GPU's sums
 @pytest.mark.parametrize("measure", [True, False])  # steps with / without the telemetry
 @pytest.mark.parametrize("backend_name", sorted(BACKENDS))
 @pytest.mark.parametrize("placement", ["update", "gradient"])
-def test_rowwise_adagrad_equals_reference(backend_name: str, placement: str, measure) -> None:
+def test_rowwise_adagrad_equals_reference(
+    backend_name: str, placement: str, measure: bool, accumulate: str
+) -> None:
     backend = BACKENDS[backend_name]()
     opt = SparseRowwiseOptimizer(
-        backend.lookups, lr=LR, gsnr=True, gamma=GAMMA, placement=placement
+        backend.lookups,
+        lr=LR,
+        gsnr=True,
+        gamma=GAMMA,
+        placement=placement,
+        accumulate=accumulate,  # type: ignore[arg-type]
     )
     opt.measure_steps = measure
     w = backend.weights().detach().clone().double()
