@@ -539,7 +539,7 @@ class JobLifecycle:
         if job is None or job.state not in (QUEUED, RUNNING) or active.stop_reason is not None:
             return None, ""
         files = self.files(job.id)
-        lines = list(self.backend.log_iter(active.handle, files, 200))
+        lines = list(self.backend.log_iter(active.handle, files, 2000))  # whole tracebacks
         cause = infrastructure_cause(exit_code, lines, files, scheduler_state)
         if cause is None:
             return None, ""

@@ -14,7 +14,7 @@ import pytest
 from service.client import ServiceClient
 from service.jobs.backends import process
 from service.jobs.backends.local import JOB_ENV
-from service.launcher import LocalService
+from service.launcher import LocalService, free_port
 
 from ..conftest import tiny_config_dict
 from ..slurm_cluster import SlurmCluster, missing_reason
@@ -110,3 +110,22 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The session's cluster, emptied after each test."""
+    yield slurm_cluster
+    slurm_cluster.cancel_all()
+    slurm_cluster.heal()
+
+
+@pytest.fixture
+def slurm_env() -> dict[str, str]:
+    return {
+        "DLRM_VRGD_BACKEND": "slurm",
+        "DLRM_VRGD_SLURM_POLL_INTERVAL_S": "0.3",
+        "DLRM_VRGD_SLURM_RDZV_PORT": str(free_port()),
+        # event streams go quiet when nothing happens: state_messages() reads until then
+        "DLRM_VRGD_SSE_KEEPALIVE_S": "60",
+    }

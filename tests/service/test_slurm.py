@@ -10,7 +10,7 @@ import os
 import re
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +34,6 @@ OPTIM = {
     "dense": {"name": "vradam", "lr": 0.01, "gamma": 0.3},
     "sparse": {"name": "gsnr_rowwise_adagrad", "lr": 0.1, "gamma": 0.3},
 }
-
-
-@pytest.fixture
-def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    """The session's cluster, emptied after each test."""
-    yield slurm_cluster
-    slurm_cluster.cancel_all()
-    slurm_cluster.heal()
-
-
-@pytest.fixture
-def slurm_env() -> dict[str, str]:
-    return {
-        "DLRM_VRGD_BACKEND": "slurm",
-        "DLRM_VRGD_SLURM_POLL_INTERVAL_S": "0.3",
-        "DLRM_VRGD_SLURM_RDZV_PORT": str(free_port()),
-        # event streams go quiet when nothing happens: state_messages() reads until then
-        "DLRM_VRGD_SSE_KEEPALIVE_S": "60",
-    }
 
 
 def state_messages(client: ServiceClient, job_id: str, quiet_s: float = 2.0) -> list[str]:

@@ -45,7 +45,7 @@ def files(tmp_path: Path) -> JobFiles:
         (1, TORCHRUN_SUMMARY, None, "a rank was killed by SIGKILL"),
         (0, NODE_FAIL, "NODE_FAIL", "NODE_FAIL on n2"),
         (0, [], "PREEMPTED", "PREEMPTED"),
-        (1, ["srun: error: n2: task 1: Killed"], "FAILED", "a task was killed"),
+        (1, ["srun: error: n2: task 1: Killed"], "FAILED", "a task was killed (task 1 on n2)"),
         (1, COLLECTIVE, None, "a collective timed out or lost its peer"),
         (1, ["Watchdog caught collective operation timeout: WorkNCCL(...)"], None,
          "a collective timed out or lost its peer"),
@@ -75,6 +75,59 @@ def test_the_jobs_own_failures_are_not(
     files: JobFiles, code: int, lines: list[str], state: str | None
 ) -> None:
     assert infrastructure_cause(code, lines, files, state) is None
+
+
+#: A two-node Slurm job whose rank on n2 raised a bug after 12 steps of collectives (lines as
+#: tests/service/test_slurm_failures.py's run printed them, tracebacks shortened).
+RANK_BUG = [
+    "dlrm-vrgd: Slurm job 1 on n[1-2], rendezvous at 127.0.0.1:40899",
+    "1: [rank1]: Traceback (most recent call last):",
+    '1: [rank1]:   File "/work/main/dlrm_vrgd/train/loop.py", line 626, in train',
+    "1: [rank1]: RuntimeError: injected bug in the rank on n2 at step 12",
+    "0: [rank0]: Traceback (most recent call last):",
+    "0: [rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+    "pair.cc:553] Connection closed by peer [127.0.0.1]:55524. This is typically caused by a "
+    "remote worker crashing.",
+    "1: torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "1: Root Cause (first observed failure):",
+    "1:   exitcode  : 1 (pid: 8098) ",
+    "1:   RuntimeError: injected bug in the rank on n2 at step 12",
+]
+SRUN_AFTER_BUG = [
+    "srun: error: n2: task 1: Exited with exit code 1",
+    "srun: launch/slurm: _step_signal: Terminating StepId=1.0",
+    "0: slurmstepd-n1: error: *** STEP 1.0 ON n1 CANCELLED AT 2026-12-04T17:01:17 ***",
+    "0: torch.distributed.elastic.multiprocessing.api.SignalException: Process 8060 got signal: 15",
+    "srun: error: n1: task 0: Exited with exit code 1",
+]
+
+
+def test_a_ranks_own_error_is_not_retried_though_its_peer_lost_a_collective(
+    files: JobFiles,
+) -> None:
+    """The failing task's own exit before its peer's symptom (issue 40 (e))."""
+    assert infrastructure_cause(1, RANK_BUG + SRUN_AFTER_BUG, files, "FAILED") is None
+    # srun may name the peer first (its collective failed before the buggy task's torchrun
+    # ended): the bug on task 1 is still the cause
+    racing = [*SRUN_AFTER_BUG[-1:], *SRUN_AFTER_BUG[:-1]]
+    assert infrastructure_cause(1, RANK_BUG + racing, files, "FAILED") is None
+    # local backend (no srun, no labels): torch's [rankN] prefix alone
+    local = [ln.split(": ", 1)[1] for ln in RANK_BUG[1:]]
+    assert infrastructure_cause(1, local, files) is None
+    # the same peer symptom with the other task SIGKILLed (the OOM killer, a lost host) is
+    # the infrastructure's, whatever the survivor printed
+    killed = [*RANK_BUG[:1], *RANK_BUG[4:6], "srun: error: n2: task 1: Killed",
+              "srun: error: n1: task 0: Exited with exit code 1"]  # fmt: skip
+    assert infrastructure_cause(1, killed, files, "FAILED") == "a task was killed (task 1 on n2)"
+    summary = [*RANK_BUG[:1], *RANK_BUG[4:6], *(f"1: {ln}" for ln in TORCHRUN_SUMMARY),
+               "srun: error: n2: task 1: Exited with exit code 1"]  # fmt: skip
+    assert infrastructure_cause(1, summary, files, "FAILED") == "a rank was killed by SIGKILL"
+    # only the newest attempt counts: a retried job's log holds the earlier one's lines
+    second = ["dlrm-vrgd: Slurm job 2 on n[1-2], rendezvous at 127.0.0.1:40899", *killed[1:]]
+    assert infrastructure_cause(1, RANK_BUG + SRUN_AFTER_BUG + second, files, "FAILED") == (
+        "a task was killed (task 1 on n2)"
+    )
+    assert infrastructure_cause(1, killed + RANK_BUG + SRUN_AFTER_BUG, files, "FAILED") is None
 
 
 def test_a_nan_loss_is_never_retried_even_when_a_rank_then_died(files: JobFiles) -> None:

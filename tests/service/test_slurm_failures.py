@@ -1,0 +1,88 @@
+"""How the Slurm backend classifies a failed job, against a real two-node Slurm
+(tests/slurm_cluster.py) through a real ``dlrm-vrgd serve`` over HTTP: a rank's own Python
+error raised mid-training, after collectives have run, is the job's failure (never retried as
+the lost peer its surviving rank reports)."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from service.client import ServiceClient
+from service.launcher import LocalService
+
+from ..slurm_cluster import SlurmCluster
+from .conftest import long_job
+from .test_slurm import OPTIM, marked_processes
+
+pytestmark = pytest.mark.slurm
+
+#: sitecustomize for every process: on node FAIL_RANK_ON_NODE, a torchrun worker's
+#: ``Trainer.train_step`` raises once the trainer has taken FAIL_RANK_AT_STEP steps (each of
+#: them all-reduced the dense statistics with the other node's rank).
+FAIL_MID_TRAINING = """
+import importlib.abc, importlib.util, os, sys
+NODE = os.environ.get("FAIL_RANK_ON_NODE")
+AT = int(os.environ.get("FAIL_RANK_AT_STEP", "0"))
+if NODE and os.environ.get("SLURMD_NODENAME") == NODE and "LOCAL_RANK" in os.environ:
+    class _Patch(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name != "dlrm_vrgd.train.loop":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                step = module.Trainer.train_step
+
+                def train_step(self, *args, **kwargs):
+                    if self.step >= AT:
+                        raise RuntimeError(f"injected bug in the rank on {NODE} at step {AT}")
+                    return step(self, *args, **kwargs)
+
+                module.Trainer.train_step = train_step
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _Patch())
+"""
+
+
+def test_a_ranks_error_after_collectives_ran_fails_the_job_without_a_retry(
+    slurm: SlurmCluster,
+    slurm_env: dict[str, str],
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+    tmp_path: Path,
+) -> None:
+    """The rank on n2 raises RuntimeError after 12 steps; the rank on n1, inside the next
+    step's all-reduce, sees its peer gone ("Connection closed by peer"). That symptom is the
+    peer's, not a cause: the job fails once (max_retries 2 left unused), naming n2's error."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(textwrap.dedent(FAIL_MID_TRAINING))
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**slurm_env, "PYTHONPATH": path, "FAIL_RANK_ON_NODE": "n2", "FAIL_RANK_AT_STEP": "12"}
+    svc = start_service(**env)
+    client = client_of(svc)
+    run = {**long_job()["run"], "nnodes": 2, "threads": 1}
+    job = client.submit("bug-mid-run", long_job() | {"run": run, "optim": OPTIM}, max_retries=2)
+    failed = client.wait(job["id"], timeout=180)
+    assert failed["state"] == "failed", failed
+    log = (svc.data_dir / "jobs" / job["id"] / "train.log").read_text()
+    assert "injected bug in the rank on n2 at step 12" in log
+    steps = [r["step"] for r in client.metrics(job["id"], kind="train", limit=1000)["data"]]
+    assert steps and max(steps) >= 12, steps  # the ranks trained together first
+    assert failed["attempt"] == 1 and len(failed["attempts"]) == 1, failed["attempts"]
+    assert "RuntimeError: injected bug in the rank on n2 at step 12" in failed["error"]
+    assert "infrastructure" not in failed["error"]
+    jobcomp = (slurm.root / "jobcomp.txt").read_text()
+    assert jobcomp.count(f"Name=dlrm-vrgd-{job['id']} ") == 1  # submitted once
+    assert not marked_processes(job["id"])
