@@ -448,6 +448,26 @@ class MlflowConfig(_Section):
         return uri if uri is None else check_uri(uri)
 
 
+class InputConfig(_Section):
+    """The input pipeline (:mod:`dlrm_vrgd.data.pipeline`): the micro-batches of the coming
+    steps, keyed by ``(step, group)``, are built ahead of the step by a background builder
+    (into pinned buffers and copied to the GPU on a side stream with ``device: cuda``). The
+    rows are the same whatever is chosen here: only when they are built changes."""
+
+    #: Who builds the micro-batches: `serial` (the step builds each one when it needs it:
+    #: nothing ahead), `threads`, `processes` (forked worker processes; Linux), or `auto`:
+    #: one thread for preprocessed npy days (`data.source: criteo`), and for live synthetic
+    #: data worker processes with `device: cuda` and one thread with `device: cpu` (the step's
+    #: own threads keep the cores busy there).
+    builder: Literal["auto", "serial", "threads", "processes"] = "auto"
+    #: Builder threads or processes (None: one thread; processes: the cores per rank less 2,
+    #: between 1 and 16).
+    workers: Count(1, 256) | None = None
+    #: Micro-batches built ahead of the one the step is using (None: 2 per worker, at least 2).
+    #: Host memory grows by about `depth` micro-batches.
+    depth: Count(1, 1024) | None = None
+
+
 class RunConfig(_Section):
     #: G: rows per optimizer step, over all ranks (G = world size × A × micro_batch).
     global_batch: Count(1, MAX_BATCH) = 8192
@@ -502,8 +522,12 @@ class RunConfig(_Section):
     #: `micro_batch` after every micro-batch (resident memory follows what is alive; each
     #: micro-batch re-touches its pages: steps 16-37% slower on 2 CPU cores than `growth`),
     #: `growth` once the heap has grown by 64 MiB (peak 56-127 MB higher, 16k-512k rows a step
-    #: of the Kaggle-sized model), `never`. The sparse step's chunks hand back in every mode.
-    heap_release: Literal["micro_batch", "growth", "never"] = "micro_batch"
+    #: of the Kaggle-sized model), `never`. `auto` (default) is `micro_batch` with
+    #: `device: cpu` and `never` with `device: cuda` (the step's tensors live on the GPU; the
+    #: host keeps only reused input buffers). The sparse step's chunks hand back in every mode.
+    heap_release: Literal["auto", "micro_batch", "growth", "never"] = "auto"
+    #: How micro-batches reach the step: built ahead in the background (docs/input.md).
+    input: InputConfig = Field(default_factory=InputConfig)
     #: Processes per node, nodes (torchrun); world size W = nnodes x nproc_per_node.
     nproc_per_node: Count(1, 256) = 1
     #: Hosts of a multi-node job (each runs `nproc_per_node` ranks).

@@ -9,7 +9,8 @@ sends every allocation above it to ``mmap``, returned to the system when freed: 
 then tracks what is alive, at the price of page faults on every large allocation (slower steps).
 ``run.malloc_mmap_threshold_kb`` chooses; 0 keeps glibc's adaptive default.
 
-By default (``run.heap_release: micro_batch``) the trainer instead calls
+On a CPU, by default (``run.heap_release: auto``, which is ``micro_batch`` there and ``never``
+on CUDA: :func:`resolve_heap_release`), the trainer instead calls
 :func:`release_free_memory` (``malloc_trim(0)``) after every micro-batch: at that point the
 micro-batch's buffers are all free, and glibc hands the pages of its free heap chunks back to
 the system (``madvise(MADV_DONTNEED)``) while keeping the address space. The heap keeps its fast
@@ -115,13 +116,26 @@ class HeapGrowthGuard:
 
 
 #: ``run.heap_release``: when the trainer hands glibc's free heap pages back.
-HEAP_RELEASE = ("micro_batch", "growth", "never")
+HEAP_RELEASE = ("auto", "micro_batch", "growth", "never")
 
 
-def heap_release(mode: str) -> Callable[[], bool]:
+def resolve_heap_release(mode: str, device: str) -> str:
+    """``auto`` for a device: ``micro_batch`` on ``cpu`` (the step's tensors are host memory),
+    ``never`` on ``cuda`` (they live on the GPU; the host's input buffers are reused, so a
+    hand-back per micro-batch would only cost the ``malloc_trim`` and the re-touched pages).
+    Any other mode is returned as it is."""
+    if mode != "auto":
+        return mode
+    return "micro_batch" if device == "cpu" else "never"
+
+
+def heap_release(mode: str, device: str = "cpu") -> Callable[[], bool]:
     """The trainer's hand-back after each micro-batch and the dense step: ``micro_batch`` every
     time (:func:`release_free_memory`), ``growth`` when the heap has grown by 64 MiB
-    (:class:`HeapGrowthGuard`), ``never`` (the sparse step's chunks still hand back)."""
+    (:class:`HeapGrowthGuard`), ``never`` (the sparse step's chunks still hand back); ``auto``
+    as :func:`resolve_heap_release` says for ``device`` (``cpu`` or ``cuda``)."""
+    if mode == "auto":
+        mode = resolve_heap_release(mode, device)
     if mode == "micro_batch":
         return release_free_memory
     if mode == "growth":

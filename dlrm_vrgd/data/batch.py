@@ -11,6 +11,7 @@ reads exactly the rows the uninterrupted run would have read.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -90,19 +91,23 @@ class TrainStream:
         self._sizes = np.full(self._num_blocks, c, dtype=np.int64)
         self._sizes[-1] = n - c * (self._num_blocks - 1)
         self._orders: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._lock = threading.Lock()  # the input pipeline's threads read rows at once
 
     def epoch(self, step: int) -> float:
         """Epochs completed before ``step`` (fractional)."""
         return step * self.global_batch / self.source.num_rows
 
     def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        if epoch not in self._orders:
-            perm = np.random.default_rng([self.seed, 0x5EED, epoch]).permutation(self._num_blocks)
-            starts = np.concatenate([[0], np.cumsum(self._sizes[perm])[:-1]])
-            self._orders[epoch] = (perm, starts)
-            if len(self._orders) > 2:
-                self._orders.popitem(last=False)
-        return self._orders[epoch]
+        with self._lock:
+            order = self._orders.get(epoch)
+            if order is None:
+                rng = np.random.default_rng([self.seed, 0x5EED, epoch])
+                perm = rng.permutation(self._num_blocks)
+                starts = np.concatenate([[0], np.cumsum(self._sizes[perm])[:-1]])
+                order = self._orders[epoch] = (perm, starts)
+                if len(self._orders) > 2:
+                    self._orders.popitem(last=False)
+            return order
 
     def _segments(self, start: int, stop: int) -> Iterator[tuple[int, int]]:
         """Source row ranges covering stream positions ``[start, stop)``."""

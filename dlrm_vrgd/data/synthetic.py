@@ -26,6 +26,7 @@ on its own, in any order, by any process, without holding the data set in memory
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -214,19 +215,24 @@ class _ChunkCache:
     def __init__(self) -> None:
         self._chunks: OrderedDict[tuple[str, str, int], Rows] = OrderedDict()
         self._bytes = 0
+        self._lock = threading.Lock()  # the input pipeline's threads and evals share it
 
     def get(self, key: tuple[str, str, int]) -> Rows | None:
-        rows = self._chunks.get(key)
-        if rows is not None:
-            self._chunks.move_to_end(key)
-        return rows
+        with self._lock:
+            rows = self._chunks.get(key)
+            if rows is not None:
+                self._chunks.move_to_end(key)
+            return rows
 
     def put(self, key: tuple[str, str, int], rows: Rows, budget: int) -> None:
-        self._chunks[key] = rows
-        self._bytes += rows.nbytes
-        while self._bytes > budget and len(self._chunks) > 1:
-            _, old = self._chunks.popitem(last=False)
-            self._bytes -= old.nbytes
+        with self._lock:
+            if key in self._chunks:  # another thread made it meanwhile
+                self._bytes -= self._chunks[key].nbytes
+            self._chunks[key] = rows
+            self._bytes += rows.nbytes
+            while self._bytes > budget and len(self._chunks) > 1:
+                _, old = self._chunks.popitem(last=False)
+                self._bytes -= old.nbytes
 
 
 _SHARED_CHUNKS = _ChunkCache()
@@ -245,8 +251,9 @@ class SyntheticSource:
         self._cache: tuple[int, Rows] | None = None
 
     def _chunk(self, c: int) -> Rows:
-        if self._cache is not None and self._cache[0] == c:
-            return self._cache[1]
+        cache = self._cache  # one read: another thread may replace it
+        if cache is not None and cache[0] == c:
+            return cache[1]
         budget = self.gen.cfg.cache_mb << 20
         key = (self.gen.cache_key, self.split, c)
         rows = _SHARED_CHUNKS.get(key) if budget else None

@@ -3,7 +3,10 @@
 For each global step, each rank runs ``A`` micro-batches of ``B`` rows: forward, backward of
 the micro-batch's mean loss, then ``collect()`` on both optimizers (the micro-batch is one
 gradient *group*); after the last one, ``step()`` on both applies the update of the whole global
-batch once. Only one micro-batch is alive at a time, so memory is set by ``B``, not ``G``.
+batch once. One micro-batch is in the step at a time, and the input pipeline
+(:mod:`dlrm_vrgd.data.pipeline`, ``run.input``) builds at most ``depth`` more ahead of it, so
+memory is set by ``B``, not ``G``; each step records how long it waited for them
+(``data_wait_s``).
 
 ``train(cfg, out_dir, callbacks)`` runs a job end to end and writes the run directory
 (:mod:`dlrm_vrgd.rundir`); :class:`Trainer` holds the pieces for tests and benchmarks.
@@ -30,6 +33,7 @@ from dlrm_vrgd.advice import advise
 from dlrm_vrgd.config import TrainConfig
 from dlrm_vrgd.data import DataSplits, RowSource, build_splits
 from dlrm_vrgd.data.batch import Batch, TrainStream
+from dlrm_vrgd.data.pipeline import InputPipeline, trainer_pipeline
 from dlrm_vrgd.malloc import heap_release, set_mmap_threshold
 from dlrm_vrgd.model import build_model, table_specs
 from dlrm_vrgd.optim.dense import build_dense_optimizer
@@ -70,6 +74,10 @@ RESUMABLE_CHANGES = {
     "run.threads",
     "run.malloc_mmap_threshold_kb",
     "run.heap_release",
+    "run.input",  # how micro-batches are built ahead: the rows are the same
+    "run.input.builder",
+    "run.input.workers",
+    "run.input.depth",
     "run.tensorboard",
     "run.mlflow",
 }
@@ -149,11 +157,15 @@ class Trainer:
         if run.threads:
             torch.set_num_threads(run.threads)
         set_mmap_threshold(run.malloc_mmap_threshold_kb)
-        self.release_heap = heap_release(run.heap_release)
+        self.release_heap = heap_release(run.heap_release, run.device)
         self.splits = splits if splits is not None else build_splits(cfg.data)
         self.A = run.accumulation_steps
         self.stream = TrainStream(self.splits.train, run.global_batch, run.micro_batch, run.seed)
         self.total_steps = cfg.total_steps(self.splits.train.num_rows)
+        #: Built on the first micro-batch asked for (:meth:`micro_batch`); :meth:`close_input`.
+        self.input: InputPipeline | None = None
+        #: Seconds this step has waited for its micro-batches so far.
+        self.data_wait_s = 0.0
         torch.manual_seed(run.seed)
         cards, num_dense = self.splits.cardinalities, self.splits.num_dense
         if self.env.distributed:
@@ -206,9 +218,23 @@ class Trainer:
         return self.dense_opt.param_groups[0]["lr"], self.sparse_opt.param_groups[0]["lr"]
 
     def micro_batch(self, step: int, j: int) -> Batch:
-        """Micro-batch ``j`` of this rank in global step ``step``: group ``rank·A + j``."""
-        group = self.env.rank * self.A + j
-        return Batch.from_rows(self.stream.rows(step, group)).to(self.device)
+        """Micro-batch ``j`` of this rank in global step ``step``: group ``rank·A + j``, from
+        the input pipeline (``run.input``: the next ones are built ahead); the time waited for
+        it is added to :attr:`data_wait_s`."""
+        if self.input is None:
+            self.input = trainer_pipeline(
+                self.stream, self.cfg, self.device, self.env.rank, self.A, self.total_steps
+            )
+        batch = self.input.get((step, self.env.rank * self.A + j))
+        self.data_wait_s += self.input.last_wait_s
+        return batch
+
+    def close_input(self) -> None:
+        """Stop the input pipeline's threads or processes (a later micro-batch starts it
+        again)."""
+        if self.input is not None:
+            self.input.close()
+            self.input = None
 
     def train_step(self) -> dict[str, Any]:
         """One global step; returns its record (loss = mean over the global batch)."""
@@ -225,6 +251,7 @@ class Trainer:
             evals = (every and (step + 1) % every == 0) or step + 1 == self.total_steps
             self.dense_opt.keep_ratios = self.cfg.run.tensorboard and bool(evals)
         t0 = time.perf_counter()
+        self.data_wait_s = 0.0
         losses = []
         for j in range(self.A):
             batch = self.micro_batch(step, j)
@@ -257,6 +284,8 @@ class Trainer:
             "lr_sparse": lr_sparse,
             "step_seconds": seconds,
             "rows_per_s": self.cfg.run.global_batch / seconds,
+            # waited for input (micro-batches not built in time): the GPU starving shows here
+            "data_wait_s": self.data_wait_s,
         }
         record.update(compact_gsnr(self.dense_opt.gsnr_summary()))
         return record
@@ -666,6 +695,7 @@ def train(
                     sink.metrics({"kind": "early_stop", **stopped_early})
                 break
 
+        trainer.close_input()  # its threads or processes are done: none waits through evals
         trainer.check_finite(trainer.step)  # no result from non-finite weights
         t0 = time.perf_counter()
         val = _eval_record(trainer, "val", None)
@@ -705,6 +735,8 @@ def train(
         if sink:
             sink.close()
         raise
+    finally:  # Ctrl-C, a NaN stop, an error: no input thread or process outlives the loop
+        trainer.close_input()
 
     result = RunResult(
         steps=trainer.step,

@@ -61,8 +61,12 @@ def test_micro_batches_equal_one_global_step(dense, sparse) -> None:
 
 
 def test_memory_is_set_by_the_micro_batch() -> None:
-    """Each micro-batch is built, used and dropped: the trainer never asks for G rows at once."""
-    trainer = Trainer(tiny_config("run.global_batch=1024", "run.micro_batch=64"))
+    """Each micro-batch is built, used and dropped: the trainer never asks for G rows at once.
+    The input pipeline reads B rows at a time, at most ``run.input.depth`` micro-batches ahead
+    of the step (here the next step's first two)."""
+    trainer = Trainer(
+        tiny_config("run.global_batch=1024", "run.micro_batch=64", "run.input.depth=2")
+    )
     sizes: list[int] = []
     original = trainer.stream.rows
 
@@ -73,7 +77,8 @@ def test_memory_is_set_by_the_micro_batch() -> None:
 
     trainer.stream.rows = spy  # type: ignore[method-assign]
     trainer.train_step()
-    assert sizes == [64] * 16
+    trainer.close_input()
+    assert sizes == [64] * (16 + 2)
 
 
 def test_loss_decreases_and_eval_reports_oracle() -> None:
