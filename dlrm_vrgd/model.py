@@ -20,6 +20,7 @@ from torch import nn
 
 from dlrm_vrgd.config import ModelConfig, TrainConfig
 from dlrm_vrgd.data.batch import Batch, feature_names
+from dlrm_vrgd.interaction import DotInteraction
 
 
 def table_specs(cardinalities: list[int]) -> list[tuple[str, str, int]]:
@@ -48,6 +49,8 @@ class ClickModel(nn.Module):
         )
         if cfg.arch == "dlrm":
             self.dlrm: nn.Module = DLRM(**common)
+            # the same interaction, its triangle gathered by index_select (dlrm_vrgd/interaction)
+            self.dlrm.inter_arch = DotInteraction(len(self.keys))
         else:
             self.dlrm = DLRM_DCN(
                 **common, dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim

@@ -29,6 +29,7 @@ from dlrm_vrgd.data.batch import Batch, feature_names
 from dlrm_vrgd.embedding.capture import LookupCapture, LookupLayout
 from dlrm_vrgd.embedding.init import table_init
 from dlrm_vrgd.embedding.views import RowSpaceView
+from dlrm_vrgd.interaction import pairwise_dots, upper_pairs
 
 
 def mlp(sizes: list[int]) -> nn.Sequential:
@@ -180,10 +181,7 @@ class TorchClickModel(nn.Module):
         self.arch = m.arch
         self.dense_arch = mlp([num_dense, *m.dense_arch])
         if m.arch == "dlrm":
-            self.register_buffer(
-                "triu", torch.triu_indices(num_sparse + 1, num_sparse + 1, offset=1),
-                persistent=False,
-            )  # fmt: skip
+            self.register_buffer("pairs", upper_pairs(num_sparse + 1), persistent=False)
             over_in = dim + (num_sparse + 1) * num_sparse // 2
         else:
             self.crossnet = LowRankCrossNet((num_sparse + 1) * dim, m.dcn_num_layers,
@@ -208,8 +206,7 @@ class TorchClickModel(nn.Module):
         dense = self.dense_arch(batch.dense)
         combined = torch.cat([dense.unsqueeze(1), sparse], dim=1)
         if self.arch == "dlrm":
-            dots = torch.bmm(combined, combined.transpose(1, 2))[:, self.triu[0], self.triu[1]]
-            features = torch.cat([dense, dots], dim=1)
+            features = torch.cat([dense, pairwise_dots(combined, self.pairs)], dim=1)
         else:
             features = self.crossnet(combined.reshape(n, -1))
         return self.over_arch(features).squeeze(-1)
