@@ -42,6 +42,13 @@ class IllegalTransition(ServiceError):
     status_code = 409
 
 
+class SubmissionConflict(ServiceError):
+    """A ``submission_id`` already used by a job whose request differed: 409 naming the id (a
+    retried POST must repeat its body; another job needs another id)."""
+
+    status_code = 409
+
+
 class ArtifactDamaged(ServiceError):
     """A file the job left is not what it claims (a model that fails its manifest, a link
     where a file should be): 409, and nothing of it is served."""

@@ -99,6 +99,9 @@ class JobRow(Base):
     nodes: Mapped[str | None] = mapped_column(String(200), default=None)
     #: A client-chosen id: a retried POST with the same id returns this job (unique).
     submission_id: Mapped[str | None] = mapped_column(String(128), default=None, unique=True)
+    #: SHA-256 of the validated request that used ``submission_id`` (its id left out): a later
+    #: request under the id with another body is refused (409).
+    submission_digest: Mapped[str | None] = mapped_column(String(64), default=None)
     #: Per-job scheduler options (partition, account, ... see service/jobs/options.py).
     scheduler: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     #: Labels that group jobs (``GET /jobs?tag=``), e.g. an experiment's name.
@@ -117,6 +120,7 @@ ADDED_JOB_COLUMNS = (
     ("backend_state", "TEXT"),
     ("nodes", "VARCHAR(200)"),
     ("submission_id", "VARCHAR(128)"),
+    ("submission_digest", "VARCHAR(64)"),
     ("scheduler", "JSON"),
     ("tags", "JSON"),
 )

@@ -7,6 +7,7 @@ pool; methods that touch the runner or the notifier are coroutines on the event 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from service.errors import (
     JobNotFound,
     ResultNotFound,
     StorageError,
+    SubmissionConflict,
     Unavailable,
 )
 from service.jobs import files as jobfiles
@@ -84,15 +86,16 @@ class JobService:
 
     # ----------------------------------------------------------------------------- jobs
     def submit_once(self, body: JobCreate) -> tuple[Job, bool]:
-        """Submit, or, for a ``submission_id`` already used, the job it made: (job, created)."""
+        """Submit, or, for a ``submission_id`` already used with the same body, the job it
+        made: (job, created). The id used with another body: :class:`SubmissionConflict`."""
         if body.submission_id is not None:
             first = self.store.by_submission(body.submission_id)
             if first is not None:
-                return first, False
+                return _same_submission(first, body), False
         try:
             return self.submit(body), True
         except _SubmittedMeanwhile as race:
-            return race.job, False
+            return _same_submission(race.job, body), False
 
     def submit(self, body: JobCreate) -> Job:
         """Store a new queued job (its config written to its directory) and wake the runner.
@@ -233,6 +236,7 @@ class JobService:
                 progress=progress,
                 max_retries=max_retries,
                 submission_id=body.submission_id,
+                submission_digest=submission_digest(body) if body.submission_id else None,
                 scheduler=scheduler or None,
                 tags=list(body.tags) or None,
             )
@@ -488,6 +492,29 @@ class JobService:
 def _nproc(job: Job) -> int:
     run = job.config.get("run", {}) if job.kind == "train" else {}
     return int(run.get("nproc_per_node", 1) or 1) if isinstance(run, dict) else 1
+
+
+def submission_digest(body: JobCreate) -> str:
+    """What makes two requests under one ``submission_id`` the same: the validated body
+    (defaults filled in, so a default spelled out changes nothing), its id left out, as
+    canonical JSON, hashed."""
+    data = body.model_dump(mode="json", exclude={"submission_id"})
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _same_submission(first: Job, body: JobCreate) -> Job:
+    """``first``, the job made under ``body``'s submission_id, if ``body`` is its request
+    again; else SubmissionConflict naming the id and the job. A job stored by a service that
+    kept no digest is taken as the same (as that service answered)."""
+    digest = first.submission_digest
+    if digest is not None and digest != submission_digest(body):
+        raise SubmissionConflict(
+            f"submission_id {body.submission_id!r} was used by job {first.id} with another "
+            "request body; a retried POST must repeat its body exactly, another job needs "
+            "another submission_id"
+        )
+    return first
 
 
 class _SubmittedMeanwhile(Exception):

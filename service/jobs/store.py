@@ -66,6 +66,7 @@ class Job:
     backend_state: str | None = None
     nodes: str | None = None
     submission_id: str | None = None
+    submission_digest: str | None = None
     scheduler: dict[str, Any] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
 
@@ -100,6 +101,7 @@ class Job:
             backend_state=row.backend_state,
             nodes=row.nodes,
             submission_id=row.submission_id,
+            submission_digest=row.submission_digest,
             scheduler=dict(row.scheduler or {}),
             tags=list(row.tags or []),
         )

@@ -138,3 +138,31 @@ def test_a_retried_post_with_one_submission_id_makes_one_job(
         assert refused.status_code == 422, (options, refused.text)
         assert refused.json()["detail"][0]["field"] == field, (options, refused.json())
     assert client.jobs()["count"] == 2
+
+
+def test_a_submission_id_reused_with_another_body_is_refused_naming_the_id(
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+) -> None:
+    """Ray Jobs' rule: one id, one body. The same body again (even with a default spelled
+    out) is the same job (200); another body under the id answers 409 naming it, and nothing
+    of it is stored, whichever request reaches the service first."""
+    client = client_of(start_service(DLRM_VRGD_MAX_CONCURRENT_JOBS="0"))
+    body = {"name": "once", "config": tiny_job(), "submission_id": "sweep-7"}
+    first = client.http.post(f"{API}/jobs", json=body)
+    assert first.status_code == 201, first.text
+    spelled = body | {"config": tiny_job(seed=0), "tags": []}  # run.seed's default, no tags
+    same = client.http.post(f"{API}/jobs", json=spelled)
+    assert same.status_code == 200 and same.json()["id"] == first.json()["id"], same.text
+    for changed in (
+        body | {"config": tiny_job(steps=7)},
+        body | {"name": "twice"},
+        body | {"max_retries": 3},
+        body | {"tags": ["other"]},
+    ):
+        refused = client.http.post(f"{API}/jobs", json=changed)
+        assert refused.status_code == 409, (changed, refused.text)
+        detail = refused.json()["detail"]
+        assert "submission_id 'sweep-7'" in detail and first.json()["id"] in detail, detail
+    assert client.jobs()["count"] == 1
+    assert client.job(first.json()["id"])["name"] == "once"

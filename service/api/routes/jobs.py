@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Response, status
 from service.api.deps import JobId, ServiceDep
 from service.api.responses import CONFLICT, INVALID, NOT_FOUND, UNAVAILABLE
 from service.jobs.states import JobKind, JobState
-from service.schemas import MAX_TAGS, JobCreate, JobPublic, JobsPublic, JobTag
+from service.schemas import MAX_TAGS, JobCreate, JobPublic, JobsPublic, JobTag, Message
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -22,6 +22,10 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
         **INVALID,
         **UNAVAILABLE,
         200: {"description": "The job an earlier request with this submission_id made"},
+        409: {
+            "model": Message,
+            "description": "The submission_id was used by a job with another request body",
+        },
     },
 )
 def create_job(body: JobCreate, service: ServiceDep, response: Response) -> JobPublic:
@@ -30,7 +34,9 @@ def create_job(body: JobCreate, service: ServiceDep, response: Response) -> JobP
     backend cannot take jobs now (Slurm's controller unreachable), naming the cause.
 
     With a ``submission_id`` already used, nothing new is stored: the answer is the job the
-    first request made, with status 200 (a retried POST makes one job)."""
+    first request made, with status 200 (a retried POST makes one job), when the body is the
+    same (after validation: a default spelled out is the same); another body under the id
+    answers 409 naming the id and its job."""
     job, created = service.submit_once(body)
     if not created:
         response.status_code = status.HTTP_200_OK
