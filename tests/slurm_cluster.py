@@ -199,6 +199,16 @@ class SlurmCluster:
         out = self._run("squeue", "-h", "-t", "all", "-j", slurm_id, "-o", "%T", check=False)
         return out.stdout.strip()
 
+    def squeue_field(self, slurm_id: str, field: str) -> str:
+        """One squeue format field (``%y``: nice, ``%Q``: priority) of the job."""
+        out = self._run("squeue", "-h", "-t", "all", "-j", slurm_id, "-o", field, check=False)
+        return out.stdout.strip()
+
+    def list_jobs(self) -> list[str]:
+        """Ids of every job the controller holds (``-t all``: ended ones a while too)."""
+        out = self._run("squeue", "-h", "-t", "all", "-o", "%i", check=False)
+        return out.stdout.split()
+
     def jobcomp(self, slurm_id: str) -> str | None:
         """The jobcomp/filetxt line of a finished job."""
         with contextlib.suppress(FileNotFoundError):

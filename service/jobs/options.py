@@ -5,6 +5,12 @@ wins over the service's default (``DLRM_VRGD_SLURM_PARTITION``...). Values are c
 pattern (nothing reaches a ``#SBATCH`` line that could end it or start another), and the extra
 flags by an allow-list: the service owns ``--job-name``, ``--output``, ``--chdir``,
 ``--nodes``, ``--ntasks*``, ``--requeue`` and ``--time`` (use ``time``) of its jobs.
+
+No option may raise a job above other users' jobs: the service submits for every token holder,
+often as root, and Slurm honours an administrator's ``--priority`` and negative ``--nice``
+(a two-node Slurm 22.05 took ``--priority=4000000`` and ``--nice=-1000`` from root). So
+``--priority`` is refused and ``--nice`` only lowers (``--nice`` or ``--nice=N``, N >= 0).
+``--reservation`` stays: Slurm checks a reservation's users even for root.
 """
 
 from __future__ import annotations
@@ -35,13 +41,20 @@ EXTRA_FLAGS = frozenset(
         "--begin", "--cores-per-socket", "--cpus-per-gpu", "--distribution", "--exclude",
         "--gres", "--gres-flags", "--hint", "--licenses", "--mail-type", "--mail-user",
         "--mem-bind", "--mem-per-cpu", "--mem-per-gpu", "--network", "--nice", "--nodelist",
-        "--overcommit", "--oversubscribe", "--priority", "--reservation", "--signal",
+        "--overcommit", "--oversubscribe", "--reservation", "--signal",
         "--sockets-per-node", "--spread-job", "--switches", "--threads-per-core", "--tmp",
         "--wckey", "--contiguous", "--use-min-nodes", "--gpu-bind", "--gpu-freq",
         "--cpu-freq", "--core-spec", "--thread-spec", "--prefer", "--cluster-constraint",
     }
 )  # fmt: skip
-_FLAG = re.compile(r"^(--[a-z][a-z-]*)(=[A-Za-z0-9_.,:@+/%&|*\[\]()-]{1,256})?$")
+_FLAG = re.compile(r"(--[a-z][a-z-]*)(=[A-Za-z0-9_.,:@+/%&|*\[\]()-]{1,256})?")
+#: sbatch flags that would put a job ahead of others' (honoured for an administrator, which the
+#: service may submit as): never a job's own to set.
+RAISING = {
+    "--priority": "sets the job's priority, an administrator's option",
+}
+#: Slurm's largest nice adjustment.
+MAX_NICE = 2147483645
 
 
 class SlurmOptions(BaseModel):
@@ -71,16 +84,28 @@ class SlurmOptions(BaseModel):
     @classmethod
     def _check_flags(cls, flags: list[str]) -> list[str]:
         for i, flag in enumerate(flags):
-            m = _FLAG.match(flag)
+            m = _FLAG.fullmatch(flag)  # fullmatch: "$" would let a final newline through
             if m is None:
                 raise ValueError(
                     f"item {i}: {flag[:80]!r} is not --flag or --flag=value (letters, digits "
                     "and _.,:@+/%&|*[]()- only)"
                 )
-            if m.group(1) not in EXTRA_FLAGS:
+            name, value = m.group(1), (m.group(2) or "=")[1:]
+            if name in RAISING:
                 raise ValueError(
-                    f"item {i}: {m.group(1)} is not an allowed sbatch flag (allowed: "
+                    f"item {i}: {name} would raise the job above other users' jobs "
+                    f"({RAISING[name]}): not allowed per job"
+                )
+            if name not in EXTRA_FLAGS:
+                raise ValueError(
+                    f"item {i}: {name} is not an allowed sbatch flag (allowed: "
                     f"{', '.join(sorted(EXTRA_FLAGS))})"
+                )
+            if name == "--nice" and value and not _lowers(value):
+                raise ValueError(
+                    f"item {i}: {flag[:80]!r}: a job may only lower itself, --nice or "
+                    f"--nice=0..{MAX_NICE} (a negative nice would raise it above other users' "
+                    "jobs)"
                 )
         return flags
 
@@ -102,6 +127,11 @@ class SlurmOptions(BaseModel):
         if self.comment is not None:  # sbatch splits #SBATCH lines as a shell would
             opts.append(f'--comment="{self.comment}"')
         return opts + list(self.extra_flags)
+
+
+def _lowers(nice: str) -> bool:
+    """A ``--nice`` value that lowers the job (or leaves it): a whole number 0..MAX_NICE."""
+    return re.fullmatch(r"\+?\d{1,10}", nice) is not None and int(nice) <= MAX_NICE
 
 
 def memory_mb(value: str) -> int:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from service.client import ServiceClient
+from service.client import API, ServiceClient
 from service.launcher import LocalService
 
 from ..slurm_cluster import SlurmCluster
-from .conftest import long_job
+from .conftest import long_job, tiny_job, wait_for
 from .test_slurm import OPTIM, marked_processes
 
 pytestmark = pytest.mark.slurm
@@ -86,3 +86,42 @@ def test_a_ranks_error_after_collectives_ran_fails_the_job_without_a_retry(
     jobcomp = (slurm.root / "jobcomp.txt").read_text()
     assert jobcomp.count(f"Name=dlrm-vrgd-{job['id']} ") == 1  # submitted once
     assert not marked_processes(job["id"])
+
+
+def test_options_that_raise_a_job_above_others_are_refused_and_lowering_is_kept(
+    slurm: SlurmCluster,
+    slurm_env: dict[str, str],
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+) -> None:
+    """The service submits for every token holder, possibly as root, for whom Slurm honours
+    ``--priority`` and a negative ``--nice`` (this cluster did: priority 4000000, nice -1000).
+    Per job they are refused (422 naming slurm.extra_flags, nothing stored, nothing in Slurm);
+    a positive nice, which only lowers the job, reaches Slurm."""
+    client = client_of(start_service(**slurm_env))
+    for flags in (
+        ["--priority=4000000"],
+        ["--priority=TOP"],
+        ["--nice=-1000"],
+        ["--nice=-1"],
+        ["--nice=1e9"],
+        ["--nice=5\n"],  # a newline would end the #SBATCH line
+    ):
+        refused = client.http.post(
+            f"{API}/jobs",
+            json={"name": "jump", "config": tiny_job(), "slurm": {"extra_flags": flags}},
+        )
+        assert refused.status_code == 422, (flags, refused.text)
+        issue = refused.json()["detail"][0]
+        assert issue["field"] == "slurm.extra_flags", issue
+        assert "raise" in issue["msg"] or "not --flag" in issue["msg"], issue
+    assert client.jobs()["count"] == 0
+    assert slurm.list_jobs() == []
+    kept = client.http.post(
+        f"{API}/jobs",
+        json={"name": "polite", "config": long_job(), "slurm": {"extra_flags": ["--nice=10"]}},
+    )
+    assert kept.status_code == 201, kept.text
+    job = wait_for(lambda: (j := client.job(kept.json()["id"]))["slurm_job_id"] and j)
+    assert slurm.squeue_field(job["slurm_job_id"], "%y") == "10"  # Slurm's nice
+    client.cancel(job["id"])
