@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 
 from dlrm_vrgd.data.batch import Batch
-from dlrm_vrgd.data.pipeline.device import CudaStager, Staged
+from dlrm_vrgd.data.pipeline.device import CudaStager, Staged, Stager
 from dlrm_vrgd.data.pipeline.plan import InputPlan, Key
 from dlrm_vrgd.data.pipeline.slots import HostBatch, Layout, PinnedSlots
 from dlrm_vrgd.data.pipeline.threads import BuildFn, InputWorkerError, ThreadBuilder
@@ -71,7 +71,10 @@ class InputPipeline:
 
     ``build(step, group)`` gives a key's rows; ``schedule(key)`` the keys the caller will ask
     for from ``key`` on (``key`` first); ``affinity(key)`` which worker should build it
-    (:func:`~dlrm_vrgd.data.pipeline.plan.block_affinity`)."""
+    (:func:`~dlrm_vrgd.data.pipeline.plan.block_affinity`). ``stager``: how built micro-batches
+    reach the device (default: a :class:`CudaStager` on CUDA, none on a CPU); with one, they
+    are built into reused slots (pinned on CUDA), whose accounting a test can so drive on a
+    CPU."""
 
     def __init__(
         self,
@@ -81,6 +84,7 @@ class InputPipeline:
         plan: InputPlan,
         schedule: Callable[[Key], Iterator[Key]],
         affinity: Callable[[Key], int] = lambda key: 0,
+        stager: Stager | None = None,
     ) -> None:
         self.plan = plan
         self.device = device
@@ -88,7 +92,6 @@ class InputPipeline:
         self._build = build
         self._schedule = schedule
         self._affinity = affinity
-        self._cuda = device.type == "cuda"
         self._keys: Iterator[Key] = iter(())
         self._inflight: deque[Key] = deque()
         self._slot_of: dict[Key, int | None] = {}
@@ -99,16 +102,18 @@ class InputPipeline:
         #: Seconds the last :meth:`get` waited for its micro-batch (0 when it was ready).
         self.last_wait_s = 0.0
         self._pinned: PinnedSlots | None = None
-        self._stager: CudaStager | None = None
+        self._stager: Stager | None = None
         self._free: list[int] = []
         self.builder: Builder | None = None
         if plan.builder == "serial":
             return
-        if self._cuda:
+        if stager is None and device.type == "cuda":
+            stager = CudaStager(device)
+        if stager is not None:
+            self._stager = stager
             # every key in flight, the one staged ahead, the one handed over, one spare
-            self._pinned = PinnedSlots(layout, plan.depth + 3)
+            self._pinned = PinnedSlots(layout, plan.depth + 3, pin=device.type == "cuda")
             self._free = list(range(len(self._pinned)))
-            self._stager = CudaStager(device)
         if plan.builder == "processes":
             from dlrm_vrgd.data.pipeline.processes import ProcessBuilder
 
@@ -150,7 +155,7 @@ class InputPipeline:
             assert staged is None
             staged = self._stage(key, builder.wait(key))
         batch = self._hand_over(staged)
-        if self._cuda and self._inflight and builder.ready(self._inflight[0]):
+        if self._stager is not None and self._inflight and builder.ready(self._inflight[0]):
             ahead = self._inflight[0]  # built already: its copy overlaps this micro-batch
             self._staged = self._stage(ahead, builder.wait(ahead))
         return batch
@@ -176,7 +181,7 @@ class InputPipeline:
             key = next(self._keys, None)
             if key is None:
                 return
-            slot = self._take_slot() if self._cuda else None
+            slot = self._take_slot() if self._stager is not None else None
             self._slot_of[key] = slot
             try:
                 builder.submit(key, slot, self._affinity(key))

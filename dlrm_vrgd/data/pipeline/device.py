@@ -13,12 +13,21 @@ The pinned slot is free once the event has completed (:meth:`Staged.copied`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from dlrm_vrgd.data.batch import Batch
 from dlrm_vrgd.data.pipeline.plan import Key
 from dlrm_vrgd.data.pipeline.slots import HostBatch
+
+
+class Event(Protocol):
+    """What the pipeline asks of a copy's event (``torch.cuda.Event``; a fake in tests)."""
+
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
 
 
 @dataclass
@@ -28,12 +37,22 @@ class Staged:
 
     key: Key
     batch: Batch
-    event: torch.cuda.Event
+    event: Event
     slot: int | None
 
     def copied(self) -> bool:
         """The copy is done (its host slot may be written again)."""
         return bool(self.event.query())
+
+
+class Stager(Protocol):
+    """Issues a built micro-batch's copy to the device and hands it to the step."""
+
+    def start(self, key: Key, host: HostBatch) -> Staged: ...
+
+    def hand_over(self, staged: Staged) -> Batch: ...
+
+    def synchronize(self) -> None: ...
 
 
 class CudaStager:

@@ -186,10 +186,14 @@ class ProcessBuilder:
                 f"input worker {worker} (pid {self.pids[worker]}) failed building "
                 f"{where(key)}: {text}"
             )
-        elif self._pinned is not None and out is not None:
-            result = self._pinned.copy_from(out, self._shared.arrays(slot))
         else:
-            result = self._shared.own(slot)
+            try:
+                if self._pinned is not None and out is not None:
+                    result = self._pinned.copy_from(out, self._shared.arrays(slot))
+                else:
+                    result = self._shared.own(slot)
+            except Exception as err:  # the collector goes on; wait() raises it
+                result = Failure(f"input: copying {where(key)} out of its shared slot: {err}", err)
         self._free.put(slot)
         self._results.put(key, result)
 

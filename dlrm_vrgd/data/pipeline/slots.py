@@ -83,17 +83,18 @@ def fill(rows: Rows, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) 
 
 
 class PinnedSlots:
-    """``count`` micro-batches of page-locked host memory (CUDA runs only), reused: a builder
-    fills a slot, one non-blocking copy reads it, and it is free again once that copy's event
-    completed (the pipeline keeps that account). Ids are int32."""
+    """``count`` micro-batches of page-locked host memory (``pin``: CUDA runs; tests use
+    plain memory), reused: a builder fills a slot, one non-blocking copy reads it, and it is
+    free again once that copy's event completed (the pipeline keeps that account). Ids are
+    int32."""
 
-    def __init__(self, layout: Layout, count: int) -> None:
+    def __init__(self, layout: Layout, count: int, pin: bool = True) -> None:
         b, f, t = layout.rows, layout.num_dense, layout.num_tables
         self.batches = [
             HostBatch(
-                dense=torch.empty((b, f), dtype=torch.float32, pin_memory=True),
-                sparse=torch.empty((b, t), dtype=torch.int32, pin_memory=True),
-                labels=torch.empty(b, dtype=torch.float32, pin_memory=True),
+                dense=torch.empty((b, f), dtype=torch.float32, pin_memory=pin),
+                sparse=torch.empty((b, t), dtype=torch.int32, pin_memory=pin),
+                labels=torch.empty(b, dtype=torch.float32, pin_memory=pin),
                 slot=i,
             )
             for i in range(count)
