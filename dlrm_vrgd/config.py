@@ -528,6 +528,10 @@ class RunConfig(_Section):
     heap_release: Literal["auto", "micro_batch", "growth", "never"] = "auto"
     #: How micro-batches reach the step: built ahead in the background (docs/input.md).
     input: InputConfig = Field(default_factory=InputConfig)
+    #: Numeric precision of the MLPs and the interaction (dlrm_vrgd/precision.py): `fp32`;
+    #: `tf32` (a GPU's TF32 matmuls; on a CPU the same as fp32); `bf16` (autocast to bfloat16,
+    #: float32 master weights). Tables, GSNR and Adagrad sums stay float32 or wider.
+    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
     #: Processes per node, nodes (torchrun); world size W = nnodes x nproc_per_node.
     nproc_per_node: Count(1, 256) = 1
     #: Hosts of a multi-node job (each runs `nproc_per_node` ranks).

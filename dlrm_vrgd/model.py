@@ -31,7 +31,11 @@ def table_specs(cardinalities: list[int]) -> list[tuple[str, str, int]]:
 
 class ClickModel(nn.Module):
     """DLRM (dot interaction) or DLRM_DCN (low-rank cross net) on ``B x F`` dense features and
-    ``B x T`` categorical ids; ``forward`` returns ``B`` logits."""
+    ``B x T`` categorical ids; ``forward`` returns ``B`` logits.
+
+    The dense layers are drawn on the CPU, from its generator, and then moved to ``device``: the
+    same seed gives the same model on any device (a GPU's generator draws other numbers).
+    """
 
     def __init__(
         self, cfg: ModelConfig, embeddings: nn.Module, num_dense: int, device: torch.device
@@ -45,7 +49,7 @@ class ClickModel(nn.Module):
             dense_in_features=num_dense,
             dense_arch_layer_sizes=list(cfg.dense_arch),
             over_arch_layer_sizes=list(cfg.over_arch),
-            dense_device=device,
+            dense_device=torch.device("cpu"),
         )
         if cfg.arch == "dlrm":
             self.dlrm: nn.Module = DLRM(**common)
@@ -55,6 +59,9 @@ class ClickModel(nn.Module):
             self.dlrm = DLRM_DCN(
                 **common, dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim
             )
+        for name, child in self.dlrm.named_children():  # the tables stay where they were built
+            if name != "sparse_arch":
+                child.to(device)
 
     @property
     def embeddings(self) -> nn.Module:

@@ -41,6 +41,7 @@ from dlrm_vrgd.optim.noise_scale import NoiseScale
 from dlrm_vrgd.optim.schedule import batch_scale, lr_factor
 from dlrm_vrgd.optim.sparse import CowClip, SparseRowwiseOptimizer
 from dlrm_vrgd.optim.vrgd import GroupGSNROptimizer
+from dlrm_vrgd.precision import configure as configure_precision
 from dlrm_vrgd.tracking import Sinks, run_sinks
 from dlrm_vrgd.tracking.sink import stamped
 from dlrm_vrgd.train import stop
@@ -74,6 +75,7 @@ RESUMABLE_CHANGES = {
     "run.threads",
     "run.malloc_mmap_threshold_kb",
     "run.heap_release",
+    "run.precision",
     "run.input",  # how micro-batches are built ahead: the rows are the same
     "run.input.builder",
     "run.input.workers",
@@ -166,7 +168,9 @@ class Trainer:
         self.input: InputPipeline | None = None
         #: Seconds this step has waited for its micro-batches so far.
         self.data_wait_s = 0.0
-        torch.manual_seed(run.seed)
+        #: The context the model's forward runs under (autocast for ``run.precision: bf16``).
+        self.autocast = configure_precision(run.precision, self.device)
+        torch.manual_seed(run.seed)  # the dense layers are drawn on the CPU: one model per seed
         cards, num_dense = self.splits.cardinalities, self.splits.num_dense
         if self.env.distributed:
             self.model = build_model(cfg, cards, num_dense, self.device, for_sharding=True)
@@ -176,6 +180,8 @@ class Trainer:
         else:
             self.model = build_model(cfg, cards, num_dense, self.device).to(self.device)
             self.lookups = self.model.embeddings.lookups()
+        for lookup in self.lookups:  # a Batch holds one id per table per row
+            lookup.capture.one_hot = True
         pg = dist.group.WORLD if self.env.distributed else None
         self.dense_opt = build_dense_optimizer(
             cfg.optim.dense, self.model.named_dense_parameters(), process_group=pg
@@ -241,7 +247,7 @@ class Trainer:
         step = self.step
         lr_dense, lr_sparse = self.set_learning_rates(step)
         self.model.train()
-        # the realised step ratio costs a second (plain) update: only on recorded GSNR steps
+        # the realised step ratio: on the steps whose GSNR is recorded
         measure = step == 0 or (step + 1) % self.cfg.run.gsnr_every == 0
         self.sparse_opt.measure_steps = measure
         if isinstance(self.dense_opt, GroupGSNROptimizer):
@@ -255,7 +261,8 @@ class Trainer:
         losses = []
         for j in range(self.A):
             batch = self.micro_batch(step, j)
-            loss, _ = self.model.loss(batch)
+            with self.autocast():
+                loss, _ = self.model.loss(batch)
             loss.backward()
             self.dense_opt.collect()
             self.sparse_opt.collect()
@@ -295,9 +302,11 @@ class Trainer:
         every rank agrees) or, with ``tables``, a weight of this rank's tables (agreed on by an
         all-reduce: a collective when distributed) is NaN or infinite."""
         with torch.no_grad():
-            for name, p in self.model.named_dense_parameters():
-                if not bool(torch.isfinite(p).all()):
-                    raise NonFiniteError(f"step {step}: dense parameter {name} is not finite")
+            named = list(self.model.named_dense_parameters())
+            finite = torch.stack([torch.isfinite(p).all() for _, p in named])
+            if not bool(finite.all()):  # one read-back a step; the names only on failure
+                name = next(n for (n, _), ok in zip(named, finite.tolist(), strict=True) if not ok)
+                raise NonFiniteError(f"step {step}: dense parameter {name} is not finite")
             if not tables:
                 return
             bad = [
@@ -361,11 +370,14 @@ class Trainer:
                 self._eval_cache[key] = batches
         self.model.eval()
         try:
-            return evaluate_share(
-                lambda b: torch.sigmoid(self.model(b)), batches, self.env, self.device, keep
-            )
+            return evaluate_share(self._probabilities, batches, self.env, self.device, keep)
         finally:
             self.model.train()
+
+    def _probabilities(self, batch: Batch) -> torch.Tensor:
+        with self.autocast():
+            logits = self.model(batch)
+        return torch.sigmoid(logits.float())
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
