@@ -33,8 +33,17 @@ LEDGER = "cells.jsonl"
 _TRACKING_KEYS = ("tensorboard", "mlflow", "heap_release", "input")
 
 
+#: run keys added after cells were recorded, with the value every earlier cell trained at: a
+#: cell's digest leaves them out at that value (a cell at another value is another cell)
+_ADDED_KEYS = {"precision": "fp32"}
+
+
 def _untracked(config: dict[str, Any]) -> dict[str, Any]:
-    run = {k: v for k, v in config.get("run", {}).items() if k not in _TRACKING_KEYS}
+    run = {
+        k: v
+        for k, v in config.get("run", {}).items()
+        if k not in _TRACKING_KEYS and not (k in _ADDED_KEYS and v == _ADDED_KEYS[k])
+    }
     return {**config, "run": run}
 
 
