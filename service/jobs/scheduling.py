@@ -14,7 +14,6 @@ concurrency limit and no GPUs from here (Slurm queues and gives GPUs).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 
@@ -52,8 +51,8 @@ class Scheduler:
         """Whether another job may start now, ``running`` being followed or launching."""
         if self.settings.max_concurrent_jobs == 0:
             return False  # every job held in the queue
-        if self.backend.queues_jobs:  # no limit here; the scheduler must answer (not on the loop)
-            return await asyncio.to_thread(self.backend.available) is None
+        if self.backend.queues_jobs:  # no limit here; the scheduler's last answer (never waits)
+            return self.backend.health() is None
         return running < self.settings.max_concurrent_jobs
 
     def pick(

@@ -6,7 +6,9 @@ the lost peer its surviving rank reports)."""
 from __future__ import annotations
 
 import os
+import shutil
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -124,4 +126,57 @@ def test_options_that_raise_a_job_above_others_are_refused_and_lowering_is_kept(
     assert kept.status_code == 201, kept.text
     job = wait_for(lambda: (j := client.job(kept.json()["id"]))["slurm_job_id"] and j)
     assert slurm.squeue_field(job["slurm_job_id"], "%y") == "10"  # Slurm's nice
+    client.cancel(job["id"])
+
+
+#: ``scontrol`` for the service: the real one, except that ``ping`` does not answer while
+#: FREEZE_PING_FILE exists (as a frozen controller does, up to Slurm's MessageTimeout).
+FROZEN_PING = """#!/bin/bash
+if [ "$1" = ping ] && [ -e "$FREEZE_PING_FILE" ]; then exec sleep 90; fi
+exec {scontrol} "$@"
+"""
+
+
+def test_a_frozen_controller_does_not_hold_back_the_metrics_of_running_jobs(
+    slurm: SlurmCluster,
+    slurm_env: dict[str, str],
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+    tmp_path: Path,
+) -> None:
+    """slurmctld SIGSTOPped under a running job, its ``scontrol ping`` unanswered for the
+    service's whole 60 s command timeout: the job runs on (slurmd does not need the
+    controller) and its metrics keep reaching the API. The old runner asked ``scontrol
+    ping`` in the loop that also ingests metrics: nothing came in for a whole timeout."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "scontrol"
+    wrapper.write_text(FROZEN_PING.format(scontrol=shutil.which("scontrol")))
+    wrapper.chmod(0o755)
+    freeze = tmp_path / "freeze"
+    env = {
+        **slurm_env,
+        "DLRM_VRGD_SLURM_COMMAND_TIMEOUT_S": "60",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "FREEZE_PING_FILE": str(freeze),
+    }
+    client = client_of(start_service(**env))
+    job = client.submit("frozen-ctld", long_job())
+
+    def step() -> int:
+        return client.job(job["id"])["progress"].get("step") or 0
+
+    wait_for(lambda: step() >= 3, timeout=120)
+    freeze.touch()
+    slurm.pause_controller()
+    try:
+        time.sleep(2.5)  # the service's last answer from the controller is older than its cache
+        frozen_at = step()
+        # well inside the 60 s each ping now takes: only an ingestion that does not wait on
+        # the controller gets here
+        wait_for(lambda: step() >= frozen_at + 20, timeout=40, every=0.5)
+        assert client.job(job["id"])["state"] == "running"
+    finally:
+        freeze.unlink()
+        slurm.resume_controller()
     client.cancel(job["id"])

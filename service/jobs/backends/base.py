@@ -100,8 +100,14 @@ class Backend(abc.ABC):
         """Raise :class:`BackendUnavailable` (a message for people) if jobs cannot run."""
 
     def available(self) -> str | None:
-        """Why no job can be handed over right now, or None when it can (cheap, cached)."""
+        """Why no job can be handed over right now, or None when it can (cached; may wait for
+        one look at the scheduler: for the submit path)."""
         return None
+
+    def health(self) -> str | None:
+        """:meth:`available` as last seen, never waiting (the runner's loop asks it on every
+        pass, between ingesting metrics)."""
+        return self.available()
 
     def check_request(
         self, kind: str, config: Mapping[str, Any], options: Mapping[str, Any]

@@ -20,7 +20,10 @@ accounting is off. :data:`SLURM_STATES` maps every Slurm state to a phase and a 
 Cancel is ``scancel``; the job counts as ended only once Slurm says so. GPUs come from Slurm
 (``--gpus-per-node``); Slurm queues, so the service's concurrency limit does not apply.
 Every Slurm command runs with a timeout: a controller that does not answer is an error, never
-a hang.
+a hang. The runner's loop, which also ingests the metrics of running jobs, never waits for one:
+it reads the controller's health as last seen (:meth:`SlurmBackend.health`, refreshed by
+``scontrol ping`` in a thread of its own), and the jobs' states come from a watcher loop of
+their own (``service/jobs/runner.py``).
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ SCRIPT = "slurm.sbatch"
 #: Slurm job names: this prefix and the service's job id.
 NAME_PREFIX = "dlrm-vrgd-"
 COMMANDS = ("sbatch", "squeue", "scancel", "scontrol")
+#: The controller's health is asked again once its last answer is this old (seconds).
+HEALTH_MAX_AGE_S = 2.0
 
 #: Slurm state -> (phase, outcome of an ended job, what it means). An outcome of None for an
 #: ended job means: decide from the run directory (result.json).
@@ -165,6 +170,8 @@ class SlurmBackend(Backend):
         self._snapshot_error: str | None = None
         self._available_at = -math.inf
         self._available: str | None = None
+        #: When the background ping in flight started (None: none is).
+        self._ping_started: float | None = None
         self._jobcomp: Path | None | bool = False  # False: not looked up yet
         self._named: dict[str, str] = {}
         self._named_at = -math.inf
@@ -209,6 +216,8 @@ class SlurmBackend(Backend):
                 "e.g. Debian's slurm-client, or choose DLRM_VRGD_BACKEND=local)"
             )
         problem = self._ping()
+        with self._lock:
+            self._available, self._available_at = problem, time.monotonic()
         if problem is not None:
             raise BackendUnavailable(problem)
 
@@ -225,11 +234,43 @@ class SlurmBackend(Backend):
         return f"the Slurm controller is unreachable (`scontrol ping`: {first})"
 
     def available(self) -> str | None:
-        now = time.monotonic()
-        if now - self._available_at > 2.0:
-            self._available = self._ping()
-            self._available_at = now
+        """The controller's answer at most :data:`HEALTH_MAX_AGE_S` old: waits for one ``scontrol
+        ping`` (up to the command timeout) when the last is older. For the submit path (a
+        request thread), so that a submit while the controller is down answers 503."""
+        if time.monotonic() - self._available_at > HEALTH_MAX_AGE_S:
+            problem = self._ping()
+            with self._lock:
+                self._available, self._available_at = problem, time.monotonic()
         return self._available
+
+    def health(self) -> str | None:
+        """The controller's answer as last seen, never waiting: an answer older than
+        :data:`HEALTH_MAX_AGE_S` is refreshed by a ``scontrol ping`` in a thread of its own
+        (one at a time). A ping in flight longer than that counts as "not answering", so no
+        job is handed to a controller that hangs."""
+        now = time.monotonic()
+        with self._lock:
+            start = now - self._available_at > HEALTH_MAX_AGE_S and self._ping_started is None
+            if start:
+                self._ping_started = now
+            waiting = now - self._ping_started if self._ping_started is not None else 0.0
+            known = self._available
+        if start:
+            threading.Thread(
+                target=self._ping_in_background, name="slurm-ping", daemon=True
+            ).start()
+        if waiting > HEALTH_MAX_AGE_S:
+            return f"the Slurm controller has not answered `scontrol ping` for {waiting:.0f} s"
+        return known
+
+    def _ping_in_background(self) -> None:
+        problem: str | None = "the Slurm controller could not be asked"
+        try:
+            problem = self._ping()
+        finally:
+            with self._lock:
+                self._available, self._available_at = problem, time.monotonic()
+                self._ping_started = None
 
     # ----------------------------------------------------------------- submit checks
     def partitions(self, max_age_s: float = 30.0) -> dict[str, dict[str, Any]] | None:
