@@ -350,12 +350,23 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from dlrm_vrgd.data.export import export_split
+    from dlrm_vrgd.data import export
 
     cfg = load_config(args.config, args.set)
-    for split in args.split:
-        paths = export_split(cfg, split, Path(args.out))
-        print(f"{split}: " + ", ".join(str(p) for p in paths))
+    if args.split:  # torchrec's {split}_*.npy names, one split at a time
+        for split in args.split:
+            paths = export.export_split(cfg, split, Path(args.out))
+            print(f"{split}: " + ", ".join(str(p) for p in paths))
+        return 0
+    result = export.generate_days(
+        cfg,
+        args.out,
+        rows_per_day=args.rows_per_day,
+        workers=args.workers,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    print("\n".join(export.summary_lines(result)))
     return 0
 
 
@@ -660,10 +671,26 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("jobs_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     j.set_defaults(fn=cmd_jobs)
 
-    g = sub.add_parser("generate", help="write synthetic splits as npy files")
+    g = sub.add_parser(
+        "generate",
+        help="write the synthetic data as Criteo day files (data.source: criteo reads them)",
+    )
     with_config(g)
-    g.add_argument("--split", action="append", choices=["train", "val", "test"], required=True)
     g.add_argument("--out", required=True, help="output directory")
+    g.add_argument(
+        "--rows-per-day", type=int, metavar="N", help="cut the train split into days of N rows"
+    )
+    g.add_argument(
+        "--workers", type=int, metavar="N", help="generating processes (default: every core)"
+    )
+    g.add_argument("--overwrite", action="store_true", help="replace an earlier output")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument(
+        "--split",
+        action="append",
+        choices=["train", "val", "test"],
+        help="instead: write this split as torchrec's {split}_*.npy (repeatable)",
+    )
     g.set_defaults(fn=cmd_generate)
 
     pp = sub.add_parser("preprocess", help="raw Criteo logs (TSV/CSV, gzip) -> npy day files")

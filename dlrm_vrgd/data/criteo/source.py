@@ -5,6 +5,10 @@
 ``day_{i}_labels.npy`` (N x 1 int32) plus ``manifest.json``. A directory without the manifest,
 or whose files differ from it in size, shape or dtype (or in SHA-256, with
 ``data.verify_checksums``), is refused: an interrupted or altered conversion is never read.
+``dlrm-vrgd generate`` writes the same layout from synthetic data (:mod:`dlrm_vrgd.data.export`),
+with the manifest's ``num_dense`` / ``num_sparse`` for its widths and a ``day_{i}_probs.npy``
+(N float32 true click probabilities) per day: rows read from days that all have one carry their
+probabilities, so evaluations report the oracle AUC as on live synthetic data.
 
 Splits (``data`` section, :class:`~dlrm_vrgd.config.CriteoData`):
 
@@ -64,6 +68,8 @@ class Day:
     dense: np.ndarray
     sparse: np.ndarray
     labels: np.ndarray
+    #: N float32 true click probabilities (generated synthetic days only)
+    probs: np.ndarray | None = None
 
 
 class CriteoDays:
@@ -88,11 +94,20 @@ class CriteoDays:
                 f"expected {MANIFEST_FORMAT!r} version {MANIFEST_VERSION}"
             )
         self.cardinalities: list[int] = [int(c) for c in m["sparse"]["cardinalities"]]
+        #: widths of a row: Criteo's 13 and 26 (the manifest's, for generated data)
+        self.num_dense = _width(m, "num_dense", NUM_INT, manifest_path)
+        self.num_sparse = _width(m, "num_sparse", NUM_CAT, manifest_path)
+        if len(self.cardinalities) != self.num_sparse:
+            raise CriteoDataError(
+                f"{manifest_path}: {len(self.cardinalities)} cardinalities for "
+                f"{self.num_sparse} tables"
+            )
         self.days: list[Day] = [self._open_day(rec, verify_checksums) for rec in m["days"]]
 
     def _open_day(self, rec: dict[str, Any], verify: bool) -> Day:
         maps = {}
-        for kind in KINDS:
+        kinds = [*KINDS, *(["probs"] if "probs" in rec["files"] else [])]
+        for kind in kinds:
             spec = rec["files"][kind]
             path = self.path / spec["file"]
             if not path.is_file():
@@ -115,23 +130,44 @@ class CriteoDays:
             if verify and sha256_file(path) != spec["sha256"]:
                 raise CriteoDataError(f"{path}: SHA-256 differs from the manifest (altered?)")
             maps[kind] = arr
+        rows = int(rec["rows"])
+        widths = {"dense": self.num_dense, "sparse": self.num_sparse, "labels": 1}
+        for kind, cols in widths.items():
+            if maps[kind].shape != (rows, cols):
+                raise CriteoDataError(
+                    f"{self.path / rec['files'][kind]['file']}: shape {list(maps[kind].shape)}, "
+                    f"a day of {rows} rows needs [{rows}, {cols}]"
+                )
+        probs = maps.get("probs")
+        if probs is not None and (probs.shape != (rows,) or probs.dtype != np.float32):
+            raise CriteoDataError(
+                f"{self.path / rec['files']['probs']['file']}: {probs.dtype} "
+                f"{list(probs.shape)}, expected float32 [{rows}]"
+            )
         return Day(
             index=int(rec["day"]),
-            rows=int(rec["rows"]),
+            rows=rows,
             labeled=bool(rec["labeled"]),
             dense=maps["dense"],
             sparse=maps["sparse"],
             labels=maps["labels"],
+            probs=probs,
         )
+
+
+def _width(manifest: dict[str, Any], key: str, default: int, path: Path) -> int:
+    value = manifest.get(key, default)
+    if type(value) is not int or not 1 <= value <= 1024:
+        raise CriteoDataError(f"{path}: {key} is {value!r}, not a count of columns")
+    return value
 
 
 class CriteoSource:
     """Rows of several day ranges, concatenated, as a :class:`~dlrm_vrgd.data.rows.RowSource`.
 
-    ``segments``: ``(day, start, stop)`` row ranges; ``caps``: 26 read-time table caps or None.
+    ``segments``: ``(day, start, stop)`` row ranges; ``caps``: one read-time cap per table or
+    None.
     """
-
-    num_dense = NUM_INT
 
     def __init__(
         self,
@@ -148,19 +184,26 @@ class CriteoSource:
         self.block_rows = block_rows
         self.caps = caps
         self.name = name
+        first = next(iter(self.days.values()), None)
+        self.num_dense = NUM_INT if first is None else int(first.dense.shape[1])
+        used = [self.days[d] for d, _, _ in self.segments]
+        #: every day read has true click probabilities (generated data): rows carry them
+        self.has_probs = bool(used) and all(d.probs is not None for d in used)
         sizes = [stop - start for _, start, stop in self.segments]
         self._offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.num_rows = int(self._offsets[-1])
 
     def read(self, start: int, stop: int) -> Rows:
         """Rows ``[start, stop)``: dense (n x 13 float32), sparse (n x 26 int64), labels (n
-        float32); copies of the slices of the days the range touches."""
+        float32), probs (n float32, generated days only); copies of the slices of the days the
+        range touches."""
         if not 0 <= start <= stop <= self.num_rows:
             raise IndexError(f"rows [{start}, {stop}) outside the {self.name} split")
         n = stop - start
-        dense = np.empty((n, NUM_INT), dtype=np.float32)
-        sparse = np.empty((n, NUM_CAT), dtype=np.int64)
+        dense = np.empty((n, self.num_dense), dtype=np.float32)
+        sparse = np.empty((n, len(self.cardinalities)), dtype=np.int64)
         labels = np.empty(n, dtype=np.float32)
+        probs = np.empty(n, dtype=np.float32) if self.has_probs else None
         i = int(np.searchsorted(self._offsets, start, side="right")) - 1
         pos = start
         while pos < stop:
@@ -172,11 +215,13 @@ class CriteoSource:
             dense[o : o + take] = day.dense[a : a + take]
             sparse[o : o + take] = day.sparse[a : a + take]
             labels[o : o + take] = day.labels[a : a + take, 0]
+            if probs is not None:
+                probs[o : o + take] = day.probs[a : a + take]  # type: ignore[index]
             pos += take
             i += 1
         if self.caps is not None:
             np.remainder(sparse, self.caps, out=sparse)
-        return Rows(dense=dense, sparse=sparse, labels=labels)
+        return Rows(dense=dense, sparse=sparse, labels=labels, probs=probs)
 
 
 # ---------------------------------------------------------------------------------- splits
@@ -193,11 +238,16 @@ def _check_days(days: list[int], by_index: dict[int, Day], field_name: str, path
             )
 
 
-def read_caps(cfg: CriteoData) -> np.ndarray | None:
+def read_caps(cfg: CriteoData, tables: int = NUM_SPARSE) -> np.ndarray | None:
+    """``data.max_rows_per_table`` as one cap per table (``tables`` of them)."""
     cap = cfg.max_rows_per_table
     if cap is None:
         return None
-    values = [cap] * NUM_SPARSE if isinstance(cap, int) else list(cap)
+    values = [cap] * tables if isinstance(cap, int) else list(cap)
+    if len(values) != tables:
+        raise CriteoDataError(
+            f"data.max_rows_per_table: {len(values)} caps, {cfg.path} has {tables} tables"
+        )
     return np.asarray(values, dtype=np.int64)
 
 
@@ -238,7 +288,7 @@ def criteo_splits(cfg: CriteoData) -> DataSplits:
             both = sorted(set(days) & set(train_days))
             raise CriteoDataError(f"data.{name}: days {both} are also train days")
 
-    caps = read_caps(cfg)
+    caps = read_caps(cfg, store.num_sparse)
     cards = list(store.cardinalities)
     if caps is not None:
         cards = [min(int(c), int(k)) for c, k in zip(cards, caps, strict=True)]

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """SIGKILL this process when its parent exits (Linux ``prctl``); exit now if it already
     did."""
     if sys.platform.startswith("linux"):
@@ -65,7 +65,7 @@ def _worker(
         conn.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_parent(parent)
+    die_with_parent(parent)
     while True:
         try:
             message = tasks.recv()
