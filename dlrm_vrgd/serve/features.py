@@ -85,6 +85,9 @@ def layout_of_run(cfg: TrainConfig, table_rows: list[int], num_dense: int) -> tu
             f"{path}: missing; the feature layout (hashing, caps, dense transform) of the "
             "model is read from the manifest of the data it was trained on"
         ) from None
+    if isinstance(manifest, dict) and manifest.get("generated"):
+        # synthetic rows written as day files (dlrm-vrgd generate): no raw Criteo layout
+        return FeatureLayout("synthetic", num_dense, table_rows), None
     sparse = manifest["sparse"]
     caps = sparse.get("max_rows_per_table")
     threshold = int(sparse.get("frequency_threshold") or 0)

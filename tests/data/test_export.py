@@ -158,11 +158,14 @@ def test_the_cli_generates_and_training_shows_the_oracle(tmp_path: Path) -> None
     raw["data"] = {"source": "criteo", "path": str(out), "shuffle_block_rows": 512}
     cfg.write_text(yaml.safe_dump(raw))
     trained = subprocess.run(
-        [*run, "train", "--config", str(cfg), "--out", str(tmp_path / "run")],
+        [*run, "-v", "train", "--config", str(cfg), "--out", str(tmp_path / "run"),
+         "--export-model", str(tmp_path / "model")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr
-    assert "oracle AUC" in trained.stdout
+    assert "oracle AUC" in trained.stdout  # every eval, as on live synthetic data
+    assert "generated synthetic data; oracle AUC of its splits" in trained.stderr
+    assert (tmp_path / "model" / "manifest.json").is_file()  # it exports like synthetic
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     manifest = json.loads((out / "manifest.json").read_text())
     # the whole test day is scored: the oracle of the run's test eval is the manifest's

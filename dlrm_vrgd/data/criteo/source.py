@@ -340,4 +340,14 @@ def criteo_splits(cfg: CriteoData) -> DataSplits:
         splits.val.num_rows,
         splits.test.num_rows,
     )
+    oracle = (store.manifest.get("generated") or {}).get("oracle")
+    if isinstance(oracle, dict):  # dlrm-vrgd generate: the ceiling a model can reach
+        logger.info(
+            "generated synthetic data; oracle AUC of its splits (manifest): %s",
+            ", ".join(
+                f"{k} {v['auc']:.4f}"
+                for k, v in oracle.items()
+                if isinstance(v, dict) and isinstance(v.get("auc"), float)
+            ),
+        )
     return splits
