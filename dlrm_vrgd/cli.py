@@ -15,7 +15,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class ProgressLine:
-    """A live progress bar for the terminal: step, loss, last AUC (and oracle), rows/s.
+    """A live progress bar for the terminal: step, loss, last AUC (and oracle), rows/s, and the
+    share of the step spent waiting for input (``input wait 12%``: the GPU starving) where the
+    step waited at least 0.5% of its time.
 
     Not on a terminal (a log file: the service's jobs, Slurm's output), it writes a plain line
     at most every ``PROGRESS_EVERY_S`` seconds (``DLRM_VRGD_PROGRESS_EVERY_S``, default 10)
@@ -59,13 +61,14 @@ class ProgressLine:
                 self._line(
                     f"step {record['step']}/{self._total} loss {record['loss']:.4f} "
                     f"auc {self.last_auc} {record['rows_per_s'] / 1000:.1f}k rows/s"
+                    + input_wait(record)
                 )
             return
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix_str(
                 f"loss {record['loss']:.4f} auc {self.last_auc} "
-                f"{record['rows_per_s'] / 1000:.1f}k rows/s",
+                f"{record['rows_per_s'] / 1000:.1f}k rows/s" + input_wait(record),
                 refresh=False,
             )
 
@@ -87,6 +90,16 @@ class ProgressLine:
         its newline apart, and another writer's bytes may land between them)."""
         self.stream.write(text + "\n")
         self.stream.flush()
+
+
+def input_wait(record: dict[str, Any]) -> str:
+    """`` input wait 12%``: the share of a step spent waiting for its micro-batches (``""``
+    below 0.5%, or when the record does not say)."""
+    wait, step = record.get("data_wait_s"), record.get("step_seconds")
+    if not isinstance(wait, int | float) or not isinstance(step, int | float) or step <= 0:
+        return ""
+    share = wait / step
+    return f" input wait {share:.0%}" if share >= 0.005 else ""
 
 
 def _print_result(result: Any) -> None:

@@ -52,7 +52,8 @@ def test_train_writes_the_run_directory(tmp_path: Path) -> None:
     records = read_jsonl(out / "metrics.jsonl")
     train_records = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in train_records] == [1, 2, 3, 4]
-    assert all({"loss", "lr_dense", "rows_per_s", "samples"} <= set(r) for r in train_records)
+    want = {"loss", "lr_dense", "rows_per_s", "samples", "data_wait_s"}
+    assert all(want <= set(r) for r in train_records)
     evals = [r for r in records if r["kind"] == "eval"]
     assert [(r["split"], r["step"]) for r in evals] == [("val", 2), ("val", 4), ("test", 4)]
     assert all(0.5 < r["oracle_auc"] <= 1 for r in evals)

@@ -8,7 +8,8 @@ rebuild could not reproduce them).
 
 Tags:
 
-- ``train/<field>`` per logged step (loss, lr_dense, lr_sparse, rows_per_s, gsnr_ratio, ...),
+- ``train/<field>`` per logged step (loss, lr_dense, lr_sparse, rows_per_s, step_seconds,
+  data_wait_s: the step's wait for input, gsnr_ratio, ...),
 - ``val/<field>``, ``test/<field>``, ``train_eval/<field>`` per eval (auc beside oracle_auc,
   logloss, ne, calibration, ...),
 - ``rows/<the same tag>`` with rows seen (``samples``) as the step, to compare batch sizes,

@@ -62,8 +62,9 @@ class EventFile:
             self._writer.write_event(event)
 
     def layout(self) -> None:
-        """Charts that put AUC beside the oracle's, per split, and the gradient noise scale
-        beside the run's global batch (TensorBoard's Custom Scalars)."""
+        """Charts that put AUC beside the oracle's, per split, the gradient noise scale
+        beside the run's global batch, and the step's time beside the part of it spent waiting
+        for input (TensorBoard's Custom Scalars)."""
         from tensorboardX.summary import custom_scalars
 
         charts = {
@@ -80,6 +81,12 @@ class EventFile:
             "B_simple vs the global batch G": [
                 "Multiline",
                 ["^noise_scale/(model|dense|tables)/b_simple$", "^noise_scale/global_batch$"],
+            ],
+        }
+        charts["input"] = {
+            "step time vs input wait (s)": [
+                "Multiline",
+                ["^train/step_seconds$", "^train/data_wait_s$"],
             ],
         }
         self._summary(custom_scalars(charts), 0, time.time())

@@ -102,6 +102,7 @@ def test_every_scalar_equals_its_record_at_the_same_step(live: Path) -> None:
         "train/lr_dense",
         "train/lr_sparse",
         "train/rows_per_s",
+        "train/data_wait_s",  # the step's wait for input (the GPU starving)
         "val/auc",
         "val/oracle_auc",
         "test/logloss",
