@@ -197,3 +197,30 @@ def test_dense_small_multiples_scale_to_a_step_ratio_above_one(
     note = page.inner_text("#gsnr-adam-note")
     assert "gsnr_placement: gradient" in note and "exceed 1" in note
     shot(page, "gsnr-autoscale")
+
+
+def test_the_step_time_chart_shows_the_wait_for_input(
+    signed_in: Watched, site: tuple[LocalService, ServiceClient]
+) -> None:
+    """Each train record's step_seconds and data_wait_s are drawn against its step, and the
+    subtitle gives the last step's wait as a share of it (0.3 of 1.5 s: 20%)."""
+    svc, client = site
+    job = client.submit("input-wait", tiny_config_dict())
+    job = {**job, "state": "succeeded"}
+    times = [(1, 2.0, 1.2), (2, 1.6, 0.5), (3, 1.5, 0.3)]
+    metrics = [
+        {"seq": s, "kind": "train", "step": s, "samples": 256 * s, "loss": 0.7,
+         "step_seconds": t, "data_wait_s": w}
+        for s, t, w in times
+    ]  # fmt: skip
+    page = signed_in.page
+    _route_job(page, job, metrics, [])
+    page.goto(svc.base_url + f"/ui/jobs/{job['id']}")
+    page.wait_for_function(
+        "() => { const c = window.dashboard.charts['input-wait'];"
+        " return !!c && c.data[0].length === 3; }"
+    )
+    data = page.evaluate("() => window.dashboard.charts['input-wait'].data")
+    assert data == [[1, 2, 3], [2.0, 1.6, 1.5], [1.2, 0.5, 0.3]]
+    card = page.locator(".chart-card", has_text="Step time and input wait")
+    assert "input wait 20%" in card.locator(".chart-sub").inner_text()

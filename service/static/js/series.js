@@ -11,7 +11,7 @@ import { isNum } from "./dom.js";
 const MAX_TRAIN_POINTS = 8000;
 const MAX_GSNR_POINTS = 1500;
 
-const TRAIN_KEYS = ["step", "samples", "loss", "lr_dense", "lr_sparse", "rows_per_s", "gsnr_ratio", "gsnr_frac_clipped"];
+const TRAIN_KEYS = ["step", "samples", "loss", "lr_dense", "lr_sparse", "rows_per_s", "gsnr_ratio", "gsnr_frac_clipped", "step_seconds", "data_wait_s"];
 const EVAL_KEYS = ["step", "samples", "auc", "oracle_auc", "logloss", "ne", "calibration"];
 
 const num = (v) => (isNum(v) ? v : null);

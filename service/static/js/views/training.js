@@ -1,7 +1,8 @@
 // The job page's training charts, drawn from a JobSeries:
 //   loss vs step (train loss, validation logloss), AUC vs rows seen beside the oracle AUC,
-//   mean GSNR ratio and fraction clipped (dense layers, tables), learning rates, and the
-//   gradient noise scale B_simple against the run's own global batch G (log axis, in rows).
+//   mean GSNR ratio and fraction clipped (dense layers, tables), learning rates, the
+//   gradient noise scale B_simple against the run's own global batch G (log axis, in rows),
+//   and each step's time beside the part of it spent waiting for input (data_wait_s).
 
 import { chartCard, color, compactTicks, createChart, fade, fixedTicks, join, line } from "../charts.js";
 import { compact, fmt, isNum, pct } from "../dom.js";
@@ -58,8 +59,11 @@ export class TrainingCharts {
       wide: true,
       help: "B_simple = EMA(S) / EMA(|G|²) (McCandlish et al. 2018): the batch, in rows, past which the paper's model says more rows per step stop paying (steps S/S_min = 1 + B_simple/B, rows E/E_min = 1 + B/B_simple). The dashed line is this run's global batch G. `dlrm-vrgd advise` reads the same records.",
     });
-    grid.append(auc.card, loss.card, gsnr.card, lr.card, noise.card);
-    this.subtitles = { loss: loss.subtitle, auc: auc.subtitle, gsnr: gsnr.subtitle, lr: lr.subtitle, noise: noise.subtitle };
+    const wait = chartCard("Step time and input wait", {
+      help: "Seconds per step, and how many of them the step waited for its micro-batches (data_wait_s). A wait close to the step time: the trainer starves for input (the GPU idles); see run.input, or generate the data once as day files.",
+    });
+    grid.append(auc.card, loss.card, gsnr.card, lr.card, noise.card, wait.card);
+    this.subtitles = { loss: loss.subtitle, auc: auc.subtitle, gsnr: gsnr.subtitle, lr: lr.subtitle, noise: noise.subtitle, wait: wait.subtitle };
 
     this.loss = createChart("loss", loss.plot, {
       xLabel: "step",
@@ -107,6 +111,15 @@ export class TrainingCharts {
       axes: [{ label: "batch size (rows)", ticks: compactTicks }],
       emptyText: "No noise-scale estimate yet (it needs k ≥ 2 micro-batches per step).",
     });
+    this.wait = createChart("input-wait", wait.plot, {
+      xLabel: "step",
+      series: [
+        line("step time (s)", { color: color(0), width: 1.5, digits: 3 }),
+        line("input wait (s)", { color: color(3), width: 1.5, digits: 3 }),
+      ],
+      axes: [{ label: "seconds", ticks: fixedTicks(2) }],
+      emptyText: "No step times yet (runs from before the input pipeline record no wait).",
+    });
     this.lr = createChart("lr", lr.plot, {
       xLabel: "step",
       scales: { y: { range: lrRange(true) }, lr_sparse: { auto: true, range: lrRange(false) } },
@@ -152,6 +165,12 @@ export class TrainingCharts {
     this.subtitles.gsnr.textContent = parts.join(" · ");
     const lrd = last(t.lr_dense);
     this.subtitles.lr.textContent = isNum(lrd) ? `dense ${lrd.toPrecision(3)} · sparse ${compact(last(t.lr_sparse), 3)}` : "";
+    this.wait.set([t.step, t.step_seconds, t.data_wait_s]);
+    const st = last(t.step_seconds);
+    const dw = last(t.data_wait_s);
+    this.subtitles.wait.textContent = isNum(st) && isNum(dw) && st > 0
+      ? `last step ${fmt(st, 3)} s · input wait ${pct(dw / st)}`
+      : "";
     const bn = last(g.noise_model);
     const gb = last(g.noise_g);
     this.subtitles.noise.textContent = s.noiseReason
@@ -162,7 +181,7 @@ export class TrainingCharts {
   }
 
   destroy() {
-    for (const c of [this.loss, this.auc, this.gsnr, this.lr, this.noise]) c.destroy();
+    for (const c of [this.loss, this.auc, this.gsnr, this.lr, this.noise, this.wait]) c.destroy();
   }
 }
 
