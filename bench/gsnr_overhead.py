@@ -209,9 +209,12 @@ def noise_scale_tables(
         parts = []
         for lk, accs in zip(t.lookups, t.sparse_opt._acc, strict=True):
             sums = torch.zeros(2, len(lk.table_names), dtype=torch.float64)
-            for space, acc in zip(lk.capture.layout.spaces, accs, strict=True):
-                rows, grad_sum, sq_sum, _, _ = acc.drain()
-                parts.append((sums, space.tables, space.table_index(rows), grad_sum, sq_sum))
+            for space, view, acc in zip(
+                lk.capture.layout.spaces, lk.space_views(), accs, strict=True
+            ):
+                sr = acc.drain()
+                tables = torch.tensor(space.tables)[view.table_index(sr.rows)]
+                parts.append((sums, tables, sr.grad_sum, sr.sq_sum))
 
         def run() -> None:
             for part in parts:

@@ -15,25 +15,88 @@ is the median over repetitions of that repetition's pair of times, with its 95% 
 interval (common.median_interval): a run resolves a 5% difference when the interval is under
 ±3%. ``--json`` writes the figures for ``bench/run_all.py --save``.
 
+Then it counts, with ``torch.profiler``, the aten ops of one ``collect()`` and one ``step()`` of
+every deferred variant and the read-backs among them (``aten::item`` /
+``_local_scalar_dense`` and ``aten::nonzero``: each is a host sync on a GPU), on the route this
+CPU takes and on the route a GPU takes, run here (the groups merged at the step, one id per bag
+vouched for, no host replay view: DESIGN.md 7). Target: the GSNR step's ops within 1.5x of the
+plain step's on the GPU route, and no read-back in it.
+
     python bench/sparse_step.py [--rows 8192] [--k 8] [--reps 101] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from common import interleaved_times, paired_ratios, print_table, threads, write_result
+from torch.profiler import ProfilerActivity, profile
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+import dlrm_vrgd.embedding.fbgemm as fbgemm
 from dlrm_vrgd.data.synthetic import zipf_ranks
 from dlrm_vrgd.embedding.fbgemm import FbgemmEmbeddingBagCollection
 from dlrm_vrgd.optim.sparse import SparseRowwiseOptimizer
 
 T, N, D = 26, 100_000, 64
+READ_BACKS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero")
+COUNTED = {
+    "deferred": {},
+    "gsnr_update": {"gsnr": True},
+    "gsnr_gradient": {"gsnr": True, "placement": "gradient"},
+    "gsnr_telemetry": {"gsnr": True, "measure": True},
+    "gsnr_ema": {"gsnr": True, "estimator": "ema"},
+}
+
+
+def aten_ops(fn: Callable[[], None]) -> collections.Counter:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return collections.Counter(e.name for e in prof.events() if e.name.startswith("aten::"))
+
+
+def op_counts(tables, batches, upstream, b: int, gpu_route: bool) -> dict[str, dict[str, int]]:
+    """Ops and read-backs of one collect (the last group's) and one step of each variant, in
+    the second step (the first builds the row-space views, once)."""
+    saved = fbgemm.space_view
+    if gpu_route:
+        fbgemm.space_view = lambda *a, **k: None  # a GPU TBE has no host replay view
+    try:
+        out = {}
+        for name, kw in COUNTED.items():
+            kw = dict(kw)
+            measure = kw.pop("measure", False)
+            ebc = FbgemmEmbeddingBagCollection(tables, "rowwise_adagrad", lr=0.01)
+            if gpu_route:
+                ebc.capture.one_hot = True
+                kw["accumulate"] = "merge"
+            opt = SparseRowwiseOptimizer(ebc.lookups(), lr=0.01, **kw)
+            opt.measure_steps = measure
+            for counting in (False, True):  # the first step builds the views: count the second
+                collect = collections.Counter()
+                for j, mb in enumerate(batches):
+                    (ebc(mb).values() * upstream[j * b : (j + 1) * b]).sum().div(b).backward()
+                    collect = aten_ops(opt.collect) if counting else collect
+                    if not counting:
+                        opt.collect()
+                step = aten_ops(opt.step) if counting else collections.Counter()
+                if not counting:
+                    opt.step()
+            out[name] = {
+                "collect_ops": sum(collect.values()),
+                "collect_read_backs": sum(collect[k] for k in READ_BACKS),
+                "step_ops": sum(step.values()),
+                "step_read_backs": sum(step[k] for k in READ_BACKS),
+            }
+        return out
+    finally:
+        fbgemm.space_view = saved
 
 
 def main() -> None:
@@ -133,6 +196,26 @@ def main() -> None:
     print(f"\nupdate / gradient placement: {update_vs_gradient}")
     worst = max(ratios.values(), key=lambda r: r.half_width)
     print(f"widest interval: ±{worst.half_width:.1%} (resolves 5% when under ±3%)")
+    counts = {
+        route: op_counts(tables, batches, upstream, b, route == "gpu") for route in ("cpu", "gpu")
+    }
+    print("\naten ops and read-backs (item, _local_scalar_dense, nonzero) of one collect / step:")
+    print_table(
+        ["variant", "route", "collect ops", "read-backs", "step ops", "read-backs", "/ plain"],
+        [
+            [
+                labels[name],
+                route,
+                c["collect_ops"],
+                c["collect_read_backs"],
+                c["step_ops"],
+                c["step_read_backs"],
+                f"{c['step_ops'] / counts[route]['deferred']['step_ops']:.2f}",
+            ]
+            for route in ("cpu", "gpu")
+            for name, c in counts[route].items()
+        ],
+    )
     write_result(
         args.json,
         "sparse_step",
@@ -144,6 +227,7 @@ def main() -> None:
             "ms": {n: m * 1e3 for n, m in med.items()},
             "ratio_to_fused": ratios,
             "update_vs_gradient": update_vs_gradient,
+            "op_counts": counts,
         },
     )
 

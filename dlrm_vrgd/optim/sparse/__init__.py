@@ -15,7 +15,12 @@ from dlrm_vrgd.optim.sparse.optimizer import (
     SparseRowwiseOptimizer,
     add_table_sums,
 )
-from dlrm_vrgd.optim.sparse.rowwise import plain_step, plain_step_norm, scaled_rowwise_step
+from dlrm_vrgd.optim.sparse.rowwise import (
+    plain_step,
+    plain_step_norm,
+    scaled_rowwise_step,
+    step_difference_bound,
+)
 
 __all__ = [
     "DEVICE_CHUNK_BYTES",
@@ -31,4 +36,5 @@ __all__ = [
     "plain_step",
     "plain_step_norm",
     "scaled_rowwise_step",
+    "step_difference_bound",
 ]

@@ -92,3 +92,35 @@ def scaled_rowwise_step(
     actual = torch.linalg.vector_norm(after.sub_(before), dim=1)
     assert plain is not None
     return actual, plain
+
+
+def step_difference_bound(
+    kernel: str,
+    lr: float,
+    mean: Tensor,
+    mean_other: Tensor,
+    ratio: Tensor,
+    ratio_other: Tensor,
+) -> Tensor:
+    """How far apart two computations of one row step may land (U, a bound on
+    ``‖Δ_row − Δ'_row‖``) when their mean gradients (U x D) and ratios (U) differ as given — e.g. a
+    CPU's and a GPU's, whose sums ran in other orders. Row-wise Adagrad's step
+    ``−lr·r·g/(√(s + mean_D g²) + ε)`` has a norm of about ``lr·√D`` on a row's first update,
+    whatever ``‖g‖``: a perturbation ``δg`` turns its direction by ``‖δg‖/‖g‖``, so
+    ``‖δΔ‖ ≤ lr·√D·(2·r·‖δg‖/‖g‖ + |δr|)`` (later updates, with a larger ``s``, move less). A
+    row whose gradient is mostly cancellation (a small ``‖g‖`` from many large terms) carries the
+    relative error of its terms times that cancellation: the step amplifies it, and two
+    computations may differ by up to ``2·lr·√D`` on such a row. SGD: ``lr·(r·‖δg‖ + |δr|·‖g‖)``."""
+    delta = torch.linalg.vector_norm(mean - mean_other, dim=1)
+    norm = torch.minimum(
+        torch.linalg.vector_norm(mean, dim=1), torch.linalg.vector_norm(mean_other, dim=1)
+    )
+    r = torch.maximum(ratio, ratio_other)
+    dr = (ratio - ratio_other).abs()
+    if kernel == "sgd":
+        return lr * (r * delta + dr * norm)
+    dim = mean.shape[1]
+    unbounded = torch.where(delta > 0, float("inf"), 0.0)  # one of them is zero
+    rel = torch.where(norm > 0, delta / norm.clamp_min(torch.finfo(norm.dtype).tiny), unbounded)
+    # never above the largest move two steps of norm lr·√D can differ by
+    return (lr * dim**0.5 * (2 * r * rel + dr)).clamp_max(2 * lr * dim**0.5)
