@@ -1,11 +1,13 @@
 """A job's log (``train.log``: stdout and stderr of every process of every attempt) as users
-read it: by byte offset (``read_from``, what ``?offset=N&follow=true`` streams), one rank's
-lines (``rank_of``), the last lines (``service.jobs.files.tail_lines``).
+read it: by byte offset (``read_from``, what ``?offset=N&follow=true`` streams), one srun
+task's lines (``task_of``, ``?task=T``), the last lines (``service.jobs.files.tail_lines``).
 
-Rank labels: under Slurm every task's line starts with its task number (``srun --label``:
-``1: ...``), one task per node; torchrun labels its workers' lines ``[default0]:`` when asked
-to (``--tee``). A line's rank is ``task * nproc_per_node + local rank``; a line without a
-label (the launcher's own) belongs to no rank.
+Task labels: under Slurm every line a task wrote starts with its task number (``srun
+--label``: ``1: ...``), one task per node. That is the only label the log has for every line;
+it is not the training rank: torchrun's rendezvous decides which task hosts which ranks (rank 0
+may run on task 1), and a rank's own prefixes (``[rank0]:`` on an uncaught error,
+``[default0]:`` under ``--tee``) come on a few lines only. A line without a task label (the
+launcher's own, every line under the local backend) belongs to no task.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from pathlib import Path
 #: Most bytes one read returns (a follower asks again for the rest).
 MAX_CHUNK = 1 << 20
 _SRUN = re.compile(r"^\s*(\d+): ")
-_TORCHRUN = re.compile(r"^\s*\[[A-Za-z_]*?(\d+)\]:")
 
 
 def read_from(path: Path, offset: int, limit: int = MAX_CHUNK) -> tuple[bytes, int]:
@@ -36,34 +37,27 @@ def read_from(path: Path, offset: int, limit: int = MAX_CHUNK) -> tuple[bytes, i
     return data, offset + len(data)
 
 
-def rank_of(line: str, nproc_per_node: int = 1) -> int | None:
-    """The rank that wrote ``line`` by its labels, or None (no label)."""
-    task = None
+def task_of(line: str) -> int | None:
+    """The srun task that wrote ``line`` (its ``--label``), or None (no label)."""
     m = _SRUN.match(line)
-    if m:
-        task = int(m.group(1))
-        line = line[m.end() :]
-    t = _TORCHRUN.match(line)
-    if t:
-        return (task or 0) * nproc_per_node + int(t.group(1))
-    return task * nproc_per_node if task is not None else None
+    return int(m.group(1)) if m else None
 
 
-def rank_lines(lines: list[str], rank: int, nproc_per_node: int = 1) -> list[str]:
-    """The lines of one rank."""
-    return [ln for ln in lines if rank_of(ln, nproc_per_node) == rank]
+def task_lines(lines: list[str], task: int) -> list[str]:
+    """The lines of one srun task."""
+    return [ln for ln in lines if task_of(ln) == task]
 
 
-class RankFilter:
-    """Keeps the lines of one rank from a stream of log bytes (a partial last line waits for
-    its end); no rank: everything passes."""
+class TaskFilter:
+    """Keeps the lines of one srun task from a stream of log bytes (a partial last line waits
+    for its end); no task: everything passes."""
 
-    def __init__(self, rank: int | None, nproc_per_node: int = 1) -> None:
-        self.rank, self.nproc = rank, nproc_per_node
+    def __init__(self, task: int | None) -> None:
+        self.task = task
         self._partial = b""
 
     def feed(self, data: bytes, final: bool = False) -> bytes:
-        if self.rank is None:
+        if self.task is None:
             return data
         data, self._partial = self._partial + data, b""
         if not final:
@@ -72,6 +66,6 @@ class RankFilter:
         kept = [
             line
             for line in data.splitlines(keepends=True)
-            if rank_of(line.decode("utf-8", errors="replace"), self.nproc) == self.rank
+            if task_of(line.decode("utf-8", errors="replace")) == self.task
         ]
         return b"".join(kept)

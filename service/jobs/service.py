@@ -348,16 +348,16 @@ class JobService:
             raise ResultNotFound(f"job {job_id} has no result ({job.state})")
         return shown_obj(result)
 
-    def log_tail(self, job_id: str, lines: int, rank: int | None = None) -> list[str]:
+    def log_tail(self, job_id: str, lines: int, task: int | None = None) -> list[str]:
         """The log's last lines, as the API shows text (secrets masked, paths relative)."""
-        job = self.get(job_id)
-        if rank is None:
+        self.get(job_id)  # 404 for an unknown id
+        if task is None:
             return [self.show(ln) for ln in jobfiles.tail_lines(self.files(job_id).log, lines)]
         found = jobfiles.tail_lines(self.files(job_id).log, 1_000_000)
-        return [self.show(ln) for ln in joblogs.rank_lines(found, rank, _nproc(job))[-lines:]]
+        return [self.show(ln) for ln in joblogs.task_lines(found, task)[-lines:]]
 
-    def log_from(self, job_id: str, offset: int, rank: int | None = None) -> tuple[bytes, int]:
-        """The log's whole lines from ``offset`` (one rank's with ``rank``; a running job's
+    def log_from(self, job_id: str, offset: int, task: int | None = None) -> tuple[bytes, int]:
+        """The log's whole lines from ``offset`` (one srun task's with ``task``; a running job's
         last line once it is whole) and the offset to ask from next. The offsets are those of
         ``train.log``; the text is shown as the API shows text (secrets masked, the service's
         paths relative), so it may be shorter than the bytes between them."""
@@ -366,18 +366,18 @@ class JobService:
         if job.state not in TERMINAL and not data.endswith(b"\n"):
             cut = data.rfind(b"\n") + 1  # a path cut in two would not be recognised
             data, end = data[:cut], end - (len(data) - cut)
-        return self._shown_bytes(joblogs.RankFilter(rank, _nproc(job)).feed(data, final=True)), end
+        return self._shown_bytes(joblogs.TaskFilter(task).feed(data, final=True)), end
 
     async def log_follow(
-        self, job_id: str, offset: int | None, rank: int | None = None
+        self, job_id: str, offset: int | None, task: int | None = None
     ) -> AsyncIterator[bytes]:
         """The log's new bytes as they come, from ``offset`` (default: its end now), until
         the job has finished and all of its log was sent (or the server stops)."""
-        job = await asyncio.to_thread(self.get, job_id)
+        await asyncio.to_thread(self.get, job_id)  # 404 for an unknown id
         path = self.files(job_id).log
         if offset is None:
             offset = path.stat().st_size if path.exists() else 0
-        lines = joblogs.RankFilter(rank, _nproc(job))
+        lines = joblogs.TaskFilter(task)
         partial = b""  # a line not yet whole waits for its end (rank or not)
         while not self.should_exit():
             data, offset = await asyncio.to_thread(joblogs.read_from, path, offset)
@@ -487,11 +487,6 @@ class JobService:
             if not read and now - last_sent >= keepalive:
                 yield b": keep-alive\n\n"
                 last_sent = now
-
-
-def _nproc(job: Job) -> int:
-    run = job.config.get("run", {}) if job.kind == "train" else {}
-    return int(run.get("nproc_per_node", 1) or 1) if isinstance(run, dict) else 1
 
 
 def submission_digest(body: JobCreate) -> str:

@@ -54,7 +54,12 @@ def test_offset_and_follow_return_new_bytes_only(
     assert len(steps) >= 3 and all(" loss " in ln and "rows/s" in ln for ln in steps)
     tail = client.logs(job["id"], tail=5)
     assert tail.splitlines() == text.splitlines()[-5:]
-    none = client.http.get(f"{API}/jobs/{job['id']}/logs", params={"rank": 0})
-    assert none.status_code == 200 and none.text == ""  # one local rank: no labels
+    none = client.http.get(f"{API}/jobs/{job['id']}/logs", params={"task": 0})
+    assert none.status_code == 200 and none.text == ""  # no srun here: no task labels
+    # ?rank= filtered by srun's task, not by training rank: refused, saying so
+    rank = client.http.get(f"{API}/jobs/{job['id']}/logs", params={"rank": 0})
+    assert rank.status_code == 422, rank.text
+    issue = rank.json()["detail"][0]
+    assert issue["field"] == "rank" and "task=" in issue["msg"], issue
     bad = client.http.get(f"{API}/jobs/{job['id']}/logs", params={"offset": -1})
     assert bad.status_code == 422 and bad.json()["detail"][0]["field"] == "offset"

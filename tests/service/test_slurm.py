@@ -380,11 +380,11 @@ def test_a_node_down_mid_job_is_retried_and_resumes_from_its_checkpoint(
     assert "\r" not in log
     progress = [ln for ln in log.splitlines() if re.search(rf"step \d+/{steps} loss", ln)]
     assert progress and all(re.match(r"[01]: ", ln) for ln in progress), log[-4000:]
-    # ?rank=R keeps the lines of task R, its progress among them: R is the task that printed it
-    # (the other task may have printed nothing at all)
+    # ?task=T keeps the lines of srun task T, its progress among them: T is the task that
+    # printed it (the other task may have printed nothing at all)
     task = progress[0].split(":")[0]
     lines = client.http.get(
-        f"{API}/jobs/{job['id']}/logs", params={"rank": task, "tail": 10_000}
+        f"{API}/jobs/{job['id']}/logs", params={"task": task, "tail": 10_000}
     ).text.splitlines()
     assert lines and all(ln.startswith(f"{task}: ") for ln in lines), lines[-20:]
     assert {ln for ln in progress if ln.startswith(f"{task}: ")} <= set(lines)

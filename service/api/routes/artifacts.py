@@ -9,6 +9,7 @@ from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
 
 from service.api.deps import JobId, ServiceDep
 from service.api.responses import DAMAGED, INVALID, NOT_FOUND
+from service.errors import InvalidInput
 from service.jobs.files import tar_stream
 from service.schemas import ArtifactPublic, ArtifactsPublic
 
@@ -28,6 +29,7 @@ def get_result(job_id: JobId, service: ServiceDep) -> dict[str, Any]:
     responses={
         200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
         **NOT_FOUND,
+        **INVALID,
     },
 )
 def get_logs(
@@ -41,25 +43,46 @@ def get_logs(
     follow: Annotated[
         bool, Query(description="Stream new bytes (from `offset`, else from now) until it ends")
     ] = False,
+    task: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=65_535,
+            description="Only the lines of this srun task (Slurm: one task per node, the lines "
+            "`srun --label` starts with `T: `); not a training rank",
+        ),
+    ] = None,
     rank: Annotated[
-        int | None, Query(ge=0, le=65_535, description="Only the lines of this rank")
+        str | None,
+        Query(
+            max_length=16, description="Refused: use `task` (the log labels srun tasks, not ranks)"
+        ),
     ] = None,
 ) -> Response:
     """The job's stdout and stderr, every attempt's (progress-bar redraws collapsed). By
     default its last ``tail`` lines; with ``offset`` its bytes from there, the offset to ask
     from next in the ``X-Log-Offset`` header; with ``follow=true`` a stream of its new bytes
-    until the job has finished. ``rank`` keeps the lines labelled with that rank."""
+    until the job has finished. ``task`` keeps the lines srun labelled with that task (under
+    Slurm, one per node). Which task hosts which training rank is up to torchrun's
+    rendezvous and the log does not say, so there is no filter by rank: ``rank`` answers 422."""
+    if rank is not None:
+        raise InvalidInput(
+            "rank",
+            "the log's lines are labelled by srun task (one per node), not by training rank "
+            "(torchrun's rendezvous decides which task hosts which rank): use task=",
+            ("query", "rank"),
+        )
     if follow:
         service.get(job_id)
         return StreamingResponse(
-            service.log_follow(job_id, offset, rank), media_type="text/plain; charset=utf-8"
+            service.log_follow(job_id, offset, task), media_type="text/plain; charset=utf-8"
         )
     if offset is not None:
-        data, end = service.log_from(job_id, offset, rank)
+        data, end = service.log_from(job_id, offset, task)
         return Response(
             data, media_type="text/plain; charset=utf-8", headers={"X-Log-Offset": str(end)}
         )
-    lines = service.log_tail(job_id, tail, rank)
+    lines = service.log_tail(job_id, tail, task)
     return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
 
 

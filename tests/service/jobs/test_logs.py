@@ -1,36 +1,37 @@
-"""Rank labels of log lines (srun --label, torchrun's --tee) and reading a log by offset."""
+"""srun's task labels of log lines (``srun --label``: ``1: ...``) and reading a log by offset.
+The filter is by srun task (one per node under Slurm), never by training rank: which task
+hosts which training rank is up to torchrun's rendezvous, and the log does not say."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from service.jobs.logs import RankFilter, rank_lines, rank_of, read_from
+from service.jobs.logs import TaskFilter, read_from, task_lines, task_of
 
 LINES = [
     "dlrm-vrgd: Slurm job 7 on n[1-2]",
     "0: step 10/80 loss 0.6931 auc - 12.0k rows/s",
     "1: RuntimeError: boom",
-    "1: [default1]:on node 2, local rank 1",
-    "0: [default0]:rank zero",
-    "[default1]:local worker 1",
+    "1: [rank0]: RuntimeError: training rank 0 runs on task 1 here",
+    "0: [default0]:torchrun's own label (its local rank) inside task 0",
+    "[default1]:local worker 1, no task",
+    "[rank1]: a training rank's error under the local backend, no task",
 ]
 
 
-def test_a_lines_rank_is_its_task_times_the_ranks_per_node_plus_its_local_rank() -> None:
-    assert [rank_of(ln) for ln in LINES[:3]] == [None, 0, 1]
-    assert rank_of(LINES[3], nproc_per_node=2) == 3  # task 1 (second node), local rank 1
-    assert rank_of(LINES[4], nproc_per_node=2) == 0
-    assert rank_of(LINES[5], nproc_per_node=2) == 1
-    assert rank_lines(LINES, 1) == [LINES[2], LINES[5]]
-    assert rank_lines(LINES, 3, nproc_per_node=2) == [LINES[3]]
+def test_a_lines_task_is_srun_label_whatever_rank_label_follows() -> None:
+    assert [task_of(ln) for ln in LINES] == [None, 0, 1, 1, 0, None, None]
+    assert task_lines(LINES, 1) == [LINES[2], LINES[3]]
+    assert task_lines(LINES, 0) == [LINES[1], LINES[4]]
+    assert task_lines(LINES, 2) == []
 
 
-def test_the_rank_filter_waits_for_a_lines_end() -> None:
-    f = RankFilter(1)
+def test_the_task_filter_waits_for_a_lines_end() -> None:
+    f = TaskFilter(1)
     assert f.feed(b"0: a\n1: b") == b""  # "1: b" is not whole yet
-    assert f.feed(b"c\n0: d\n") == b"1: bc\n"
+    assert f.feed(b"c\n0: d\n1: [rank0]: e\n") == b"1: bc\n1: [rank0]: e\n"
     assert f.feed(b"1: e", final=True) == b"1: e"
-    assert RankFilter(None).feed(b"anything") == b"anything"
+    assert TaskFilter(None).feed(b"anything") == b"anything"
 
 
 def test_read_from_returns_whole_lines_of_a_large_read_and_the_next_offset(tmp_path: Path) -> None:
