@@ -3,7 +3,7 @@
 With ``--save bench/results/<date>.json`` the run is kept: the machine and its load (cpu count,
 load averages before and after, Python and torch versions), and per bench its exit status, its
 arguments, and the figures of the benches that write them (``--json``: memory, sparse_step,
-throughput). docs/benchmarks.md quotes its figures from such a file, and
+throughput, input). docs/benchmarks.md quotes its figures from such a file, and
 tests/test_bench_results.py checks every quoted figure against it.
 
     python bench/run_all.py [--only NAME ...] [--save PATH] [--set NAME=ARGS ...]
@@ -31,13 +31,14 @@ BENCHES = {
     "tracking_overhead": [sys.executable, str(HERE / "tracking_overhead.py")],
     "sparse_step": [sys.executable, str(HERE / "sparse_step.py")],
     "throughput": [sys.executable, str(HERE / "throughput.py")],
+    "input": [sys.executable, str(HERE / "input.py")],
     "memory": [sys.executable, str(HERE / "memory.py")],
     "preprocess": [sys.executable, str(HERE / "preprocess.py")],
     "service_load": [sys.executable, str(HERE / "service_load.py")],
     "gpu_check_cpu": ["bash", str(HERE / "gpu_check.sh"), "--device", "cpu"],
 }
 #: benches that write their figures with ``--json PATH``
-WRITES_JSON = {"memory", "sparse_step", "throughput"}
+WRITES_JSON = {"memory", "sparse_step", "throughput", "input"}
 
 
 def parse_sets(items: list[str]) -> dict[str, list[str]]:
