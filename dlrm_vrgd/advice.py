@@ -15,6 +15,13 @@ That is the paper's model of SGD (it assumes, among others, the learning rate tu
 ``B``, a well-conditioned Hessian for ``B_simple ≈ B_noise``), not a promise about this model:
 the study (``dlrm-vrgd study``) measures the AUC at each batch.
 
+The 10th-90th percentiles are the drift of a smoothed series, not an interval. The interval
+(:func:`uncertainty`) comes from the run's own per-step estimates: ``Σ S_raw / Σ |G|²_raw`` over
+the window, with a circular block bootstrap (:mod:`dlrm_vrgd.bootstrap`). The critical batch
+(the paper's ``B_crit = E_min / S_min = B_noise``) is the whole model's estimate with that
+interval. The advice says when G lies inside the interval (the above/below verdict would flip
+within it) and when the run is where the estimator reads low (B_simple ≳ 4 x b x k).
+
 The file is data, not code: a line that is not a well-formed record is skipped.
 """
 
@@ -25,6 +32,8 @@ import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 SCOPES = ("model", "dense", "tables")
 #: Batches of the trade-off table, as multiples of the run's global batch.
@@ -133,10 +142,100 @@ def advise_records(
         if global_batch is not None and median > 0:
             entry["g_over_b_simple"] = global_batch / median
             entry["tradeoff"] = tradeoff(global_batch, median)
+        entry.update(uncertainty(window, scope, global_batch, final))
         scopes[scope] = entry
     out["scopes"] = scopes
     if not scopes:
         out["reason"] = "no record of the last part of training has a B_simple (|G|² <= 0)"
+    critical = next((scopes[s] for s in SCOPES if scopes.get(s, {}).get("interval")), None)
+    if critical is not None:
+        # the paper's critical batch B_crit = E_min / S_min equals B_noise, estimated by the
+        # whole model's B_simple: one number for the batch, with the interval of that estimate
+        iv = critical["interval"]
+        out["critical_batch"] = {
+            "scope": next(s for s in SCOPES if scopes.get(s) is critical),
+            "estimate": iv["estimate"],
+            "ci95": [iv["lo"], iv["hi"]],
+            "verdict": critical.get("verdict"),
+            "verdict_flips": critical.get("verdict_flips"),
+            "unreliable": critical.get("unreliable"),
+        }
+    return out
+
+
+#: Fewest records of the window for a bootstrap interval (fewer: none, and the advice says so).
+MIN_RECORDS = 8
+#: Above this many times ``b x k`` (the rows of one step), B_simple reads low: the per-step
+#: signal ``|G|²`` is then below the noise of its estimate (issue 41's outside check: -26% at
+#: 16 x b x k, with estimates missing).
+UNRELIABLE_RATIO = 4.0
+
+
+def uncertainty(
+    window: list[tuple[int, dict[str, Any]]],
+    scope: str,
+    global_batch: int | None,
+    final: dict[str, Any],
+) -> dict[str, Any]:
+    """A scope's interval and caveats from the window's own per-step (raw) estimates.
+
+    ``interval``: ``Σ S_raw / Σ |G|²_raw`` over the window's records — the estimator of
+    B_simple with flat weights over the window instead of the EMA's — and its 95% circular
+    block bootstrap interval (:mod:`dlrm_vrgd.bootstrap`: blocks of consecutive records, the
+    length chosen by Politis & White's rule from the series itself, since the true ``|G|²``
+    and ``tr Σ`` drift through training and neighbouring records are correlated; an i.i.d.
+    bootstrap would understate the spread). ``verdict``: G above or below that estimate;
+    ``verdict_flips``: G inside the interval (the data do not say which side). ``unreliable``:
+    ``yes`` where the estimate is at least :data:`UNRELIABLE_RATIO` x b x k, ``possible``
+    where only the interval's upper end is, else ``no``; ``nonpositive_g2``: the share of the
+    window's raw ``|G|²`` estimates at or below 0 (the signal lost in the noise)."""
+    from dlrm_vrgd.bootstrap import ratio_interval
+
+    pairs = [
+        (s, g2)
+        for _, r in window
+        if isinstance(r.get(scope), dict)
+        and (s := finite(r[scope].get("s_raw"))) is not None
+        and (g2 := finite(r[scope].get("g2_raw"))) is not None
+    ]
+    out: dict[str, Any] = {"raw_records": len(pairs)}
+    if not pairs:
+        return out
+    out["nonpositive_g2"] = sum(g2 <= 0 for _, g2 in pairs) / len(pairs)
+    if len(pairs) < MIN_RECORDS:
+        out["interval_reason"] = (
+            f"{len(pairs)} records with raw estimates, fewer than {MIN_RECORDS}"
+        )
+        return out
+    num, den = zip(*pairs, strict=True)
+    iv = ratio_interval(np.asarray(num), np.asarray(den))
+    out["interval"] = {
+        "estimate": iv["estimate"],
+        "lo": iv["lo"],
+        "hi": iv["hi"],
+        "level": iv["level"],
+        "block": iv["block"],
+        "records": iv["records"],
+        "method": "circular block bootstrap of the raw per-step estimates (Politis-White block)",
+    }
+    est, lo, hi = iv["estimate"], iv["lo"], iv["hi"]
+    k, b = final.get("k"), final.get("rows_per_group")
+    if isinstance(k, int) and isinstance(b, int) and k > 0 and b > 0:
+        bk = k * b
+        out["b_times_k"] = bk
+        if est is None or est >= UNRELIABLE_RATIO * bk:
+            out["unreliable"] = "yes"
+        elif hi is None or hi >= UNRELIABLE_RATIO * bk:
+            out["unreliable"] = "possible"
+        else:
+            out["unreliable"] = "no"
+    if global_batch is not None and est is not None:
+        out["verdict"] = "above" if global_batch > est else "below"
+        # a bound is None where it is unbounded (more than 2.5% of the resamples found no
+        # signal: B_simple infinite)
+        lo_v = math.inf if lo is None else lo
+        hi_v = math.inf if hi is None else hi
+        out["verdict_flips"] = lo_v <= global_batch <= hi_v
     return out
 
 
@@ -151,6 +250,50 @@ def advise(run_dir: str | Path, last: float = 0.5) -> dict[str, Any]:
 
 def _fmt(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _bound(x: float | None) -> str:
+    return "unbounded" if x is None else _fmt(x)
+
+
+def _uncertainty_lines(e: dict[str, Any], g: int | None) -> list[str]:
+    """A scope's interval and its caveats, for people."""
+    iv = e.get("interval")
+    if iv is None:
+        why = e.get("interval_reason")
+        return [f"no interval: {why}"] if why else []
+    side = f"; G is {e['verdict']} it" if e.get("verdict") and not e.get("verdict_flips") else ""
+    out = [
+        f"window estimate {_bound(iv['estimate'])}, 95% interval [{_bound(iv['lo'])}, "
+        f"{_bound(iv['hi'])}] (circular block bootstrap of {iv['records']} per-step "
+        f"estimates, blocks of {iv['block']}){side}"
+    ]
+    ratio = e.get("g_over_b_simple")
+    if ratio is not None and e.get("verdict") and (ratio > 1) != (e["verdict"] == "above"):
+        out.append(
+            "CAVEAT: the smoothed series' median puts G on the other side than the window "
+            "estimate: the smoothed B_simple was still moving (read the interval)"
+        )
+    if e.get("verdict_flips"):
+        out.append(
+            f"CAVEAT: G = {g} lies inside the interval: whether G is above or below B_simple "
+            "(the verdict) flips within it; the data do not say which side"
+        )
+    bk = e.get("b_times_k")
+    share = e.get("nonpositive_g2", 0.0)
+    if e.get("unreliable") == "yes":
+        out.append(
+            f"WARNING: unreliable regime: B_simple >= {UNRELIABLE_RATIO:g} x b x k = "
+            f"{_fmt(UNRELIABLE_RATIO * bk)} rows; {share:.0%} of the per-step |G|² estimates are "
+            "<= 0 (the signal is below their noise) and the estimate reads low here: the true "
+            "B_simple is likely higher. Measure with more groups per step (a larger k x b)"
+        )
+    elif e.get("unreliable") == "possible":
+        out.append(
+            f"caution: the interval reaches {UNRELIABLE_RATIO:g} x b x k = "
+            f"{_fmt(UNRELIABLE_RATIO * bk)} rows, where the estimator reads low"
+        )
+    return out
 
 
 def render(advice: dict[str, Any]) -> str:
@@ -173,7 +316,23 @@ def render(advice: dict[str, Any]) -> str:
             where = f"; G is {ratio:.2g} x B_simple ({side} it)"
         lines.append(
             f"  {scope:<7} B_simple {_fmt(e['b_simple'])} (p10 {_fmt(e['p10'])}, p90 "
-            f"{_fmt(e['p90'])}, {e['records']} records){where}"
+            f"{_fmt(e['p90'])} of the smoothed series: its drift, not an interval; "
+            f"{e['records']} records){where}"
+        )
+        lines += [f"          {line}" for line in _uncertainty_lines(e, g)]
+    crit = advice.get("critical_batch")
+    if crit is not None and crit["estimate"] is not None:
+        lo_c, hi_c = crit["ci95"]
+        lines.append(
+            f"critical batch (the paper's B_crit = B_noise, taken as the {crit['scope']}'s "
+            f"B_simple): {_fmt(crit['estimate'])}, 95% interval [{_bound(lo_c)}, {_bound(hi_c)}]"
+            + (
+                "; G's side of it is not settled"
+                if crit.get("verdict_flips")
+                else f"; G is {crit['verdict']} it"
+                if crit.get("verdict")
+                else ""
+            )
         )
     head = next((s for s in SCOPES if "tradeoff" in advice["scopes"].get(s, {})), None)
     if head is not None:
