@@ -5,7 +5,10 @@ micro-batches per step at a fixed global batch: ``B = G / k``) changes only the 
 hence the gradient-group count the GSNR is estimated from; without it the micro-batch is
 ``G / micro_batches`` or ``min(G, max_micro_batch)``. Each cell trains one epoch
 over the same ``steps_at_largest x max(batch_sizes)`` training rows, so the largest batch gets
-``steps_at_largest`` optimizer steps and a batch ``2^j`` times smaller gets ``2^j`` times more.
+``steps_at_largest`` optimizer steps and a batch ``2^j`` times smaller gets ``2^j`` times more
+(synthetic data is generated to that size; from day files — ``data.source: criteo``, e.g.
+generated once by ``dlrm-vrgd generate`` — each cell runs that many steps over the first rows of
+the shuffled training days, which must hold at least as many).
 Learning rates: an optimizer's base LRs are set at ``reference_batch`` and scaled to each batch
 by ``lr_rule`` (the square-root rule by default); the sweep multiplies that by each of
 ``lr_multipliers`` — values below 1 are below the rule. Warm-up and decay follow each cell's own
@@ -333,7 +336,12 @@ class StudyConfig(_Section):
             ratio = cell.global_batch / self.reference_batch
             sparse["weight_decay"] = float(opt.sparse.get("weight_decay", 0.0)) * ratio
         raw = yaml.safe_load(yaml.safe_dump(self.base))  # deep copy
-        raw.setdefault("data", {})["train_rows"] = self.train_rows
+        data = raw.setdefault("data", {})
+        if data.get("source", "synthetic") == "synthetic":  # rows made to measure: one epoch
+            data["train_rows"] = self.train_rows
+            length: dict[str, Any] = {"steps": None, "epochs": 1}
+        else:  # day files hold what they hold: the steps fix the rows seen (the study checks
+            length = {"steps": steps, "epochs": None}  # that the files hold enough, see run.py)
         raw["optim"] = {
             "dense": {**opt.dense, "lr": opt.dense_lr * scale},
             "sparse": sparse,
@@ -348,8 +356,7 @@ class StudyConfig(_Section):
         run.update(
             global_batch=cell.global_batch,
             micro_batch=self.micro_batch(cell.global_batch, cell.groups),
-            steps=None,
-            epochs=1,
+            **length,
             seed=cell.seed,
             eval_every=max(1, steps // self.evals_per_run),
             checkpoint_every=0,

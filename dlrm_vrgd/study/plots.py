@@ -97,7 +97,10 @@ def write_plots(
         ax.set_title(f"{study.name}: test AUC vs batch, {what}{tag}")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("test AUC (mean ± sd over seeds)")
-    axes[0][-1].legend(fontsize=8)
+    for ax in axes[0]:  # each panel its own legend: a study cut short may leave one empty
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+            break
     paths.append(_save(fig, out / "auc_vs_batch.png"))
 
     # 2. validation AUC against rows seen, best LR, one panel per batch size
@@ -204,7 +207,8 @@ def write_plots(
             ax.set_title(f"VR cells: test AUC vs k, {what}{tag}")
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("test AUC (mean ± sd over seeds)")
-        axes[0][-1].legend(fontsize=8)
+        if axes[0][-1].get_legend_handles_labels()[0]:  # a study cut short may have no point
+            axes[0][-1].legend(fontsize=8)
         paths.append(_save(fig, out / "auc_vs_groups.png"))
     else:  # an empty plot from an older report goes
         (out / "auc_vs_groups.png").unlink(missing_ok=True)

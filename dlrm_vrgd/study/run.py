@@ -99,6 +99,7 @@ def run_study(
             f"{out} holds a different study (study.json differs): use another output directory"
         )
     cells = study.cells()
+    _check_day_files(study, cells[0])
     ledger = Ledger(study, out)
     # Refuse a directory whose finished cells trained other configs before touching anything
     # (a refused resume once left a committed study's metrics.jsonl empty).
@@ -143,20 +144,22 @@ def run_study(
         if study.workers == 1:
             from dlrm_vrgd.train.loop import train
 
+            clock = time.perf_counter if budget is None else budget.clock
             for i, cell in todo:
                 if budget is not None:
                     budget.check(cell, cost_key(study, cell))
                 if on_cell:
                     on_cell(i, len(cells), cell, "start", None)
-                t0 = time.perf_counter()
+                t0 = clock()
                 train(
                     _with_parent(study.cell_config(cell), mlflow),
                     out / "cells" / cell.id,
                     callbacks=list(train_callbacks or []),
                 )
                 _release_memory()
-                logger.info("cell %s done in %.1fs", cell.id, time.perf_counter() - t0)
-                finished(i, cell, "done", time.perf_counter() - t0)
+                cost = clock() - t0
+                logger.info("cell %s done in %.1fs", cell.id, cost)
+                finished(i, cell, "done", cost)
         else:
             _run_parallel(study, out, todo, finished, mlflow)
 
@@ -192,6 +195,30 @@ def run_study(
 
         log_study_report(mlflow[0], mlflow[1], out)
     return results
+
+
+def _check_day_files(study: StudyConfig, cell: Cell) -> None:
+    """A study reading day files (``data.source: criteo``) needs ``train_rows`` training rows
+    in them: fewer would make every cell repeat rows, and the batches would no longer see the
+    same data. Checked (from the manifest) before any cell runs."""
+    data = study.cell_config(cell).data
+    if data.source == "synthetic":
+        return
+    from dlrm_vrgd.data import build_splits
+
+    rows = build_splits(data).train.num_rows
+    if rows < study.train_rows:
+        raise ConfigError(
+            f"base.data.path {data.path}: {rows:,} training rows, fewer than the study's "
+            f"steps_at_largest x max(batch_sizes) = {study.train_rows:,}"
+        )
+    if rows > study.train_rows:
+        logger.warning(
+            "%s holds %s training rows; each cell reads %s of them (the first of its shuffle)",
+            data.path,
+            f"{rows:,}",
+            f"{study.train_rows:,}",
+        )
 
 
 def ledger_costs(ledger: Ledger) -> list[tuple[CostKey, float]]:

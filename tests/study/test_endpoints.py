@@ -165,3 +165,45 @@ def test_a_batch_left_out_of_confirm_batches_is_tuned_only_and_labelled() -> Non
     md = markdown(study, summary, 0.8, plan=p, tuned_only=extra)
     assert "| 256 | sgd (tuning seeds only, not confirmed) |" in md
     assert "Batches [256] are tuned but not confirmed" in md
+
+
+def test_the_gpu_study_is_its_preregistered_design() -> None:
+    """configs/study_gpu_512k.yaml as docs/study/gpu_512k/PREREGISTRATION.md fixes it: 32k,
+    128k and 512k at equal rows (one pass over 16.8M rows), k = 8, six arms, grid x0.5-x2 with
+    three edge extensions, one tuning seed then 8 fresh ones at 32k and 512k, six primary
+    endpoints under Holm; day files read for exactly the study's rows."""
+    study = load_study(ROOT / "configs" / "study_gpu_512k.yaml")
+    data = load_study(ROOT / "configs" / "study_gpu_512k.yaml").base["data"]
+    assert study.batch_sizes == [32768, 131072, 524288] and study.groups == [8]
+    assert study.train_rows == 16_777_216 and [study.steps(g) for g in study.batch_sizes] == [
+        512,
+        128,
+        32,
+    ]
+    names = {o.name: o for o in study.optimizers}
+    assert set(names) == {"sgd", "adagrad", "vrsgd", "vradam", "cowclip", "cowclip_sgdrule"}
+    assert study.lr_rule_of(names["cowclip"]) == "cowclip"
+    assert study.lr_rule_of(names["cowclip_sgdrule"]) == "sqrt"
+    assert names["cowclip"].sparse == names["cowclip_sgdrule"].sparse
+    assert study.lr_multipliers == [0.5, 1.0, 2.0] and study.edge_extensions == 3
+    assert study.run_seeds == [0] and study.confirm_seeds == list(range(1000, 1008))
+    assert study.confirmed_batches == [32768, 524288] and study.collapse_auc == 0.78
+    endpoints = [(e.optimizer, e.baseline) for e in study.primary_endpoints or []]
+    assert endpoints == [
+        ("vrsgd", "sgd"), ("vrsgd", "adagrad"), ("vradam", "sgd"), ("vradam", "adagrad"),
+        ("cowclip", "sgd"), ("cowclip_sgdrule", "sgd"),
+    ]  # fmt: skip
+    assert study.preregistration == "docs/study/gpu_512k/PREREGISTRATION.md"
+    prereg = (ROOT / study.preregistration).read_text()
+    for fact in ("1000–1007", "below **0.78**", "16,777,216", "m = 6", "×0.5, ×1, ×2"):
+        assert fact in prereg, fact
+    # the rows the study reads are the rows the data config generates, and each cell runs
+    # its steps over them (day files are not sized by the study, as synthetic data is)
+    from dlrm_vrgd.config import load_config
+
+    gen = load_config(ROOT / "configs" / "study_gpu_512k_data.yaml").data
+    assert gen.train_rows == study.train_rows and data["source"] == "criteo"
+    for cell in study.cells()[:: len(study.lr_multipliers)]:
+        cfg = study.cell_config(cell)
+        assert cfg.run.steps == study.steps(cell.global_batch) and cfg.run.epochs is None
+        assert cfg.run.micro_batch * 8 == cell.global_batch
