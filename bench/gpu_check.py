@@ -1,28 +1,50 @@
-"""Checks and timings for a GPU host without torchrec/FBGEMM (run by bench/gpu_check.sh).
+"""The GPU check: agreement with the CPU, then where a 512k step's time goes end to end.
 
-1. The pure-PyTorch embedding backend and dense VRGD on the device agree with the CPU: the
-   same model (torch backend, VR-LAMB dense + GSNR row-wise Adagrad sparse) trained for a few
-   steps on both, losses / dense parameters / tables compared; then each VR optimizer alone on
-   random gradient groups.
-2. A 512k global batch step on the device: rows/s and peak device memory.
+One command on a CUDA host (<= 8 minutes on one H200), in sections, each a function of its
+own (:data:`SECTIONS`; ``--only`` picks some):
 
-    python bench/gpu_check.py --device cuda          # the real check (H200: well under 5 min)
-    python bench/gpu_check.py --device cpu --quick   # the same code paths, small, on a CPU
+1. ``agreement``: the pure-PyTorch embedding backend and dense VRGD on the device agree with
+   the CPU: the same model (torch backend, VR-LAMB dense + GSNR row-wise Adagrad sparse)
+   trained for a few steps on both, losses / dense parameters / tables compared; then each VR
+   optimizer alone on random gradient groups.
+2. ``throughput``: the Kaggle-sized DLRM (configs/synthetic_kaggle.yaml) at 8 x 64k rows a
+   step, plain (AdamW + row-wise Adagrad) and VR (VR-Adam + GSNR row-wise Adagrad), on
+   FBGEMM's tables when ``fbgemm_gpu`` and torchrec import (the pure-PyTorch tables when not),
+   each fed three ways: micro-batches built once and reused (*model-bound*), the trainer's own
+   input pipeline from day files written by ``dlrm-vrgd generate`` (*npy*), and from live
+   synthetic data (*live*). One table: s / step, rows/s, the share of the model-bound rate,
+   ``data_wait_s`` per step and peak memory. Targets: npy >= 0.9 x model-bound, live >= 0.5 x.
+
+    python bench/gpu_check.py                          # the real check (--device cuda)
+    python bench/gpu_check.py --device cpu --quick     # the same code paths, small, on a CPU
+    python bench/gpu_check.py --only throughput --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
+import json
+import logging
+import os
+import resource
+import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# torchrec's import trips torch.fx's "is_fx_tracing" notice; it says nothing about our runs
+logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
-from dlrm_vrgd.config import load_config  # noqa: E402
+from dlrm_vrgd.config import TrainConfig, load_config, parse_config  # noqa: E402
 from dlrm_vrgd.optim.vrgd import VRLAMB, VRLARS, VRSGD, VRAdam  # noqa: E402
 from dlrm_vrgd.train.loop import Trainer  # noqa: E402
 
@@ -37,6 +59,12 @@ CHECK = [
     "run.epochs=null",
     "run.steps=100",
 ]
+OPTIMIZERS = {
+    "plain": ["optim.dense.name=adamw", "optim.sparse.name=rowwise_adagrad"],
+    "VR": ["optim.dense.name=vradam", "optim.sparse.name=gsnr_rowwise_adagrad"],
+}
+#: The end-to-end targets, as shares of the model-bound rate.
+TARGETS = {"npy": 0.9, "live": 0.5}
 
 
 def trainer(device: str, overrides: list[str], config: str = "demo.yaml") -> Trainer:
@@ -44,18 +72,23 @@ def trainer(device: str, overrides: list[str], config: str = "demo.yaml") -> Tra
     return Trainer(cfg)
 
 
+# -------------------------------------------------------------------- 1. agreement
 def check_model(device: str, steps: int) -> list[str]:
     cpu, dev = trainer("cpu", CHECK), trainer(device, CHECK)
     problems = []
-    for s in range(steps):
-        a, b = cpu.train_step()["loss"], dev.train_step()["loss"]
-        if abs(a - b) > 1e-4 * abs(a):
-            problems.append(f"step {s + 1}: loss cpu {a:.6f} vs {device} {b:.6f}")
+    try:
+        for s in range(steps):
+            a, b = cpu.train_step()["loss"], dev.train_step()["loss"]
+            if abs(a - b) > 1e-4 * abs(a):
+                problems.append(f"step {s + 1}: loss cpu {a:.6f} vs {device} {b:.6f}")
+    finally:
+        cpu.close_input()
+        dev.close_input()
     for (name, p), (_, q) in zip(
         cpu.model.named_dense_parameters(), dev.model.named_dense_parameters(), strict=True
     ):
         err = float((p.detach() - q.detach().cpu()).abs().max())
-        if err > 1e-3 * max(1.0, float(p.abs().max())):
+        if err > 1e-3 * max(1.0, float(p.detach().abs().max())):
             problems.append(f"dense {name}: max |cpu - {device}| = {err:.2e}")
     for a, b in zip(cpu.lookups[0].table_weights(), dev.lookups[0].table_weights(), strict=True):
         err = float((a - b.cpu()).abs().max())
@@ -85,62 +118,197 @@ def check_optimizers(device: str) -> list[str]:
     return problems
 
 
-def time_big_step(device: str, global_batch: int, micro_batch: int, steps: int) -> None:
-    overrides = [
-        "model.embedding_backend=torch",
-        "optim.dense.name=vradam",
-        "optim.sparse.name=gsnr_rowwise_adagrad",
-        f"run.global_batch={global_batch}",
-        f"run.micro_batch={micro_batch}",
-        "run.epochs=null",
-        "run.steps=100",
-        "data.train_rows=2000000",
-        "data.val_rows=10000",
-        "data.test_rows=10000",
-    ]
-    t = trainer(device, overrides, "synthetic_kaggle.yaml")
-    t.train_step()  # warm-up (allocations, kernels)
+def section_agreement(args: argparse.Namespace) -> dict[str, Any]:
+    """1: the device against the CPU; ``ok`` False on any mismatch."""
+    print(f"== agreement: the torch backend and dense VRGD on {args.device} vs the CPU")
+    problems = check_model(args.device, steps=2 if args.quick else 3)
+    problems += check_optimizers(args.device)
+    for p in problems:
+        print("MISMATCH", p)
+    print("agreement with CPU:", "FAILED" if problems else "ok")
+    return {"ok": not problems, "problems": problems}
+
+
+# ------------------------------------------------------------------- 2. throughput
+def embedding_backend() -> str:
+    """``fbgemm`` when FBGEMM and torchrec import, else ``torch`` (pure PyTorch)."""
+    try:
+        importlib.import_module("fbgemm_gpu")
+        importlib.import_module("torchrec")
+    except Exception:  # ImportError, or a CUDA/CPU build mismatch raising OSError
+        return "torch"
+    return "fbgemm"
+
+
+def kaggle(
+    device: str, backend: str, micro: int, k: int, train_rows: int, optim: str
+) -> TrainConfig:
+    return load_config(
+        REPO / "configs" / "synthetic_kaggle.yaml",
+        [
+            f"run.device={device}",
+            f"model.embedding_backend={backend}",
+            f"run.global_batch={k * micro}",
+            f"run.micro_batch={micro}",
+            "run.epochs=null",
+            "run.steps=1000",
+            "optim.schedule.warmup_steps=0",
+            "optim.schedule.decay=none",
+            f"data.train_rows={train_rows}",
+            "data.val_rows=65536",
+            "data.test_rows=65536",
+            *OPTIMIZERS[optim],
+        ],
+    )
+
+
+def on_days(cfg: TrainConfig, days: Path) -> TrainConfig:
+    """``cfg`` reading the generated day files in the live source's order."""
+    raw = cfg.to_dict()
+    chunk = raw["data"]["chunk_rows"]
+    raw["data"] = {"source": "criteo", "path": str(days), "shuffle_block_rows": chunk}
+    return parse_config(raw)
+
+
+def reset_peak(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    times = []
+
+
+def peak_gib(device: str) -> float:
+    """Peak device memory since :func:`reset_peak` (CUDA), or the process's peak RSS (CPU:
+    the high-water mark so far, not per variant)."""
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def timed_steps(t: Trainer, device: str, warmup: int, steps: int) -> dict[str, float]:
+    """``warmup`` steps, then ``steps`` timed ones: median s / step and data_wait_s."""
+    for _ in range(warmup):
+        t.train_step()
+    reset_peak(device)
+    times, waits = [], []
     for _ in range(steps):
         t0 = time.perf_counter()
-        t.train_step()
+        record = t.train_step()  # ends with .item()s on the loss: the step's work is done
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    best = min(times)
+        waits.append(record["data_wait_s"])
+    step_s = statistics.median(times)
+    return {
+        "step_s": step_s,
+        "rows_per_s": t.cfg.run.global_batch / step_s,
+        "data_wait_s": statistics.median(waits),
+        "peak_gib": peak_gib(device),
+    }
+
+
+def reuse_micro_batches(t: Trainer) -> None:
+    """Model-bound: the step's micro-batches built once (on the device) and reused, so the
+    step never waits for input."""
+    step = t.step
+    cached = [t.micro_batch(step, j) for j in range(t.A)]
+    t.close_input()
+    t.micro_batch = lambda step, j: cached[j]  # type: ignore[method-assign]
+
+
+def section_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    """2: model-bound and end-to-end rows/s of plain and VR (module docstring)."""
+    device, backend = args.device, embedding_backend()
+    micro, k = (2048, 8) if args.quick else (65536, 8)
+    warmup, steps = (1, 2) if args.quick else (2, 5)
+    rows = k * micro * (warmup + steps + 1)  # one epoch of the npy and live runs
     print(
-        f"global batch {global_batch:,} = {global_batch // micro_batch} x {micro_batch:,} on "
-        f"{device}: {best:.2f} s/step, {global_batch / best:,.0f} rows/s"
+        f"\n== throughput: Kaggle-sized DLRM on {device}, {backend} tables, {k} x {micro:,} rows "
+        f"a step, {warmup} warm-up + {steps} timed steps (medians)"
     )
-    if device == "cuda":
-        peak = torch.cuda.max_memory_allocated() / 2**30
-        print(f"peak device memory: {peak:.2f} GiB ({torch.cuda.get_device_name()})")
+    out: dict[str, Any] = {"backend": backend, "micro_batch": micro, "k": k, "rows": {}}
+    with tempfile.TemporaryDirectory(prefix="dlrm-vrgd-gpu-check-", dir=args.tmp) as tmp:
+        from dlrm_vrgd.data.export import generate_days
+
+        t0 = time.perf_counter()
+        days = Path(tmp) / "days"
+        generate_days(kaggle(device, backend, micro, k, rows, "plain"), days, progress=False)
+        gen_s = time.perf_counter() - t0
+        print(f"generated {rows:,} train rows as day files in {gen_s:.1f} s")
+        out["generate_s"] = gen_s
+        for optim in OPTIMIZERS:
+            cfg = kaggle(device, backend, micro, k, rows, optim)
+            runs: list[tuple[str, Callable[[], Trainer]]] = [
+                ("npy", lambda cfg=cfg: Trainer(on_days(cfg, days))),
+                ("live", lambda cfg=cfg: Trainer(cfg)),
+            ]
+            for mode, make in runs:
+                t = make()
+                try:
+                    out["rows"][f"{optim}/{mode}"] = timed_steps(t, device, warmup, steps)
+                    if mode == "live":  # the same trainer, its input taken out
+                        reuse_micro_batches(t)
+                        out["rows"][f"{optim}/model-bound"] = timed_steps(t, device, 1, steps)
+                finally:
+                    t.close_input()
+                    del t
+                    gc.collect()
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+    print_throughput(out["rows"], device)
+    return out
+
+
+def print_throughput(rows: dict[str, dict[str, float]], device: str) -> None:
+    memory = "peak GiB" if device == "cuda" else "peak RSS GiB (so far)"
+    head = ["optimizer", "input", "s / step", "rows/s", "x model-bound", "data_wait_s", memory]
+    table = []
+    for optim in OPTIMIZERS:
+        bound = rows[f"{optim}/model-bound"]["rows_per_s"]
+        for mode in ("model-bound", "npy", "live"):
+            r = rows[f"{optim}/{mode}"]
+            share = r["rows_per_s"] / bound
+            target = TARGETS.get(mode)
+            verdict = "" if target is None else (" ok" if share >= target else f" < {target}")
+            r["x_model_bound"] = share
+            table.append(
+                [optim, mode, f"{r['step_s']:.3f}", f"{r['rows_per_s']:,.0f}",
+                 f"{share:.2f}{verdict}", f"{r['data_wait_s']:.3f}", f"{r['peak_gib']:.2f}"]
+            )  # fmt: skip
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *table, strict=True)]
+    for i, line in enumerate([head, *table]):
+        print("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "agreement": section_agreement,
+    "throughput": section_throughput,
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--quick", action="store_true", help="small sizes (for a CPU)")
+    ap.add_argument("--only", nargs="+", choices=list(SECTIONS), help="run just these sections")
+    ap.add_argument("--tmp", help="where the day files are generated (default: the system's)")
+    ap.add_argument("--json", help="write every section's figures here")
     args = ap.parse_args()
     if args.device == "cuda":
         if not torch.cuda.is_available():
-            sys.exit("no CUDA device; run with --device cpu for the CPU form")
+            sys.exit("no CUDA device; run with --device cpu --quick for the CPU form")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    print(f"torch {torch.__version__}; checking the torch backend and dense VRGD on {args.device}")
-    problems = check_model(args.device, steps=2 if args.quick else 3)
-    problems += check_optimizers(args.device)
-    for p in problems:
-        print("MISMATCH", p)
-    print("agreement with CPU:", "FAILED" if problems else "ok")
-    if args.quick:
-        time_big_step(args.device, 65_536, 8_192, steps=1)
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     else:
-        time_big_step(args.device, 524_288, 65_536, steps=3)
-    sys.exit(1 if problems else 0)
+        print(f"CPU ({os.cpu_count()} cores), torch {torch.__version__}")
+    t0 = time.perf_counter()
+    results = {name: SECTIONS[name](args) for name in args.only or SECTIONS}
+    print(f"\ngpu_check: {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    sys.exit(0 if results.get("agreement", {"ok": True})["ok"] else 1)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 from numpy.lib.format import open_memmap
-from tqdm import tqdm
 
 from dlrm_vrgd.config import SyntheticData, TrainConfig
 from dlrm_vrgd.data.criteo.output import (
@@ -242,9 +241,13 @@ def generate_days(
 
         total = sum(d.rows for d in days)
         _GEN = gen
-        bar = tqdm(total=total, unit="row", unit_scale=True, desc="generate", disable=not progress)
-        with bar:
-            clicks = _run_tasks(staging, tasks, days, workers, bar.update, rows_of)
+        if progress:
+            from tqdm import tqdm
+
+            with tqdm(total=total, unit="row", unit_scale=True, desc="generate") as bar:
+                clicks = _run_tasks(staging, tasks, days, workers, bar.update, rows_of)
+        else:  # no tqdm needed (a bare GPU host: bench/gpu_check.py)
+            clicks = _run_tasks(staging, tasks, days, workers, lambda n: None, rows_of)
         manifest = _manifest(cfg, gen, days, staging, clicks, workers)
         atomic_write_json(staging / MANIFEST, manifest)
         os.chmod(staging / MANIFEST, 0o644)
@@ -386,6 +389,8 @@ def export_split(cfg: TrainConfig, split: str, out: Path) -> list[Path]:
     probabilities), torchrec's names for one split (not a directory the Criteo source reads:
     :func:`generate_days` writes that). Files appear under their final names only once
     complete."""
+    from tqdm import tqdm
+
     if not isinstance(cfg.data, SyntheticData):
         raise ValueError("generate needs data.source: synthetic")
     src = SyntheticCriteo(cfg.data).source(split)
