@@ -178,9 +178,11 @@ def allocation_record(
     total: int,
     stopped: BudgetSpent | None,
     done: bool,
+    data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What one command of the study did (``allocation.json``)."""
+    """What one command of the study did (``allocation.json``), and the data it read."""
     return {
+        "data": data,
         "ended_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "budget_s": None if budget is None else budget.seconds,
         "reserve_s": None if budget is None else budget.reserve_s,

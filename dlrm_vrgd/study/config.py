@@ -159,8 +159,8 @@ class StudyConfig(_Section):
     #: Where the study was pre-registered: a page of this repository (e.g.
     #: ``docs/study/NAME/PREREGISTRATION.md``), named at the top of the report.
     preregistration: PagePath | None = None
-    #: Cells run after seeing a study's results, to explain them: the report labels every
-    #: figure exploratory (not pre-registered, no primary endpoints).
+    #: Cells run after seeing a study's results, to explain them (or a dry run of a design):
+    #: the report labels every figure exploratory; its endpoints, if any, are not a test.
     exploratory: bool = False
 
     @model_validator(mode="after")
@@ -237,10 +237,8 @@ class StudyConfig(_Section):
                 raise ValueError(
                     f"confirm_batches must hold the smallest and largest batch {sorted(ends)}"
                 )
-        if self.exploratory and (self.preregistration or self.primary_endpoints):
-            raise ValueError(
-                "exploratory: an exploratory study has no pre-registration or primary endpoints"
-            )
+        if self.exploratory and self.preregistration:
+            raise ValueError("exploratory: an exploratory study has no pre-registration")
         for i, e in enumerate(self.primary_endpoints or []):
             where = f"primary_endpoints.{i}"
             if e.optimizer not in names:

@@ -235,8 +235,8 @@ def _primary_section(study: StudyConfig, family: dict[str, Any]) -> list[str]:
     if study.exploratory:
         title = f"Interactions with Holm's adjustment over m = {m} (exploratory)"
         who = (
-            "An exploratory study has no primary endpoints; its tuned interactions are shown "
-            "with Holm's adjustment over them, for reference."
+            "An exploratory study: these interactions are not a test, whatever their p; "
+            "Holm's adjustment over them is shown for reference."
         )
     elif family["registered"]:
         title = f"Primary endpoints: Holm over m = {m}"

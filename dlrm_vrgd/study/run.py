@@ -45,6 +45,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from dlrm_vrgd.advice import finite
 from dlrm_vrgd.config import ConfigError, MlflowConfig, TrainConfig
 from dlrm_vrgd.rundir import RESULT, JsonlWriter, atomic_write_bytes, atomic_write_json
 from dlrm_vrgd.study.budget import (
@@ -99,7 +100,7 @@ def run_study(
             f"{out} holds a different study (study.json differs): use another output directory"
         )
     cells = study.cells()
-    _check_day_files(study, cells[0])
+    data_info = _check_day_files(study, cells[0])
     ledger = Ledger(study, out)
     # Refuse a directory whose finished cells trained other configs before touching anything
     # (a refused resume once left a committed study's metrics.jsonl empty).
@@ -187,7 +188,13 @@ def run_study(
         atomic_write_json(out / RESULT, results)
     if bundle is not None:
         alloc = allocation_record(
-            budget, ran, results["cells_finished"], results["cells_total"], stopped, complete
+            budget,
+            ran,
+            results["cells_finished"],
+            results["cells_total"],
+            stopped,
+            complete,
+            data_info,
         )
         write_bundle(out, bundle, alloc)
     if mlflow is not None:
@@ -197,13 +204,15 @@ def run_study(
     return results
 
 
-def _check_day_files(study: StudyConfig, cell: Cell) -> None:
+def _check_day_files(study: StudyConfig, cell: Cell) -> dict[str, Any] | None:
     """A study reading day files (``data.source: criteo``) needs ``train_rows`` training rows
     in them: fewer would make every cell repeat rows, and the batches would no longer see the
-    same data. Checked (from the manifest) before any cell runs."""
+    same data. Checked (from the manifest) before any cell runs. Returns what the files are —
+    their training rows and, for generated data, the oracle metrics their manifest records —
+    for ``allocation.json`` (None for synthetic data, whose cells report the oracle)."""
     data = study.cell_config(cell).data
     if data.source == "synthetic":
-        return
+        return None
     from dlrm_vrgd.data import build_splits
 
     rows = build_splits(data).train.num_rows
@@ -219,6 +228,19 @@ def _check_day_files(study: StudyConfig, cell: Cell) -> None:
             f"{rows:,}",
             f"{study.train_rows:,}",
         )
+    info: dict[str, Any] = {"path": str(data.path), "train_rows": rows}
+    try:  # the manifest was checked by build_splits; the oracle is read as data, never trusted
+        generated = json.loads((Path(data.path) / "manifest.json").read_text()).get("generated")
+        oracle = generated.get("oracle") if isinstance(generated, dict) else None
+        if isinstance(oracle, dict):
+            info["oracle"] = {
+                split: {k: v for k, v in m.items() if finite(v) is not None}
+                for split, m in oracle.items()
+                if split in ("train", "val", "test") and isinstance(m, dict)
+            }
+    except (OSError, ValueError, AttributeError):
+        pass
+    return info
 
 
 def ledger_costs(ledger: Ledger) -> list[tuple[CostKey, float]]:
