@@ -85,6 +85,19 @@ class Settings(BaseSettings):
     #: Where a job's ``run.mlflow`` may keep a local store (``sqlite:////DIR/...``,
     #: ``file:///DIR/...``); default ``DATA_DIR/mlflow``. http(s) servers are always allowed.
     mlflow_dir: Path | None = None
+    #: Tracking servers that get the service's MLflow credentials (``MLFLOW_TRACKING_USERNAME``
+    #: / ``_PASSWORD`` / ``_TOKEN`` of its environment), comma-separated origins:
+    #: "https://mlflow.example.com,http://10.0.0.5:5000". A job that exports anywhere else runs
+    #: without them (a note on the job says so). Default: none.
+    mlflow_credential_servers: str = ""
+    #: Where a job's ``run.mlflow.artifact_location`` may point besides the MLflow directory:
+    #: comma-separated URI roots ("s3://bucket/mlflow,mlflow-artifacts:/"); a location must be
+    #: one of them or below it (same scheme and host, path segments under the root's, no
+    #: ``..``). Default: none (local locations under the MLflow directory only).
+    mlflow_artifact_roots: str = ""
+    #: Seconds a read of a job's file (its log, result, records) may take before the request
+    #: answers 503; the read itself runs on a thread of its own.
+    file_read_timeout_s: Annotated[float, Field(gt=0, le=600)] = 10.0
     #: Cancel running jobs when the service stops; by default they keep running and are
     #: re-attached at the next start.
     cancel_on_shutdown: bool = False
@@ -140,6 +153,22 @@ class Settings(BaseSettings):
             shlex.split(value)
         except ValueError as err:
             raise ValueError(f"not a shell word list: {err}") from None
+        return value
+
+    @field_validator("mlflow_credential_servers")
+    @classmethod
+    def _check_servers(cls, value: str) -> str:
+        from service.jobs.tracking import parse_origins
+
+        parse_origins(value)
+        return value
+
+    @field_validator("mlflow_artifact_roots")
+    @classmethod
+    def _check_roots(cls, value: str) -> str:
+        from service.jobs.tracking import parse_roots
+
+        parse_roots(value)
         return value
 
     @field_validator("gpus")
