@@ -28,7 +28,7 @@ def write_plots(
 
     paths = []
     # every figure of an exploratory study says so on its face
-    tag = " (EXPLORATORY)" if study.exploratory else ""
+    label_of = EXPLORATORY if study.exploratory else None
     names = [o.name for o in study.optimizers]
     colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
     vr = {o.name for o in study.optimizers if o.baseline}  # compared against a base
@@ -94,14 +94,14 @@ def write_plots(
         ax.set_xticks(sorted(study.batch_sizes), [f"{g:,}" for g in sorted(study.batch_sizes)])
         ax.minorticks_off()
         ax.set_xlabel("global batch (rows)")
-        ax.set_title(f"{study.name}: test AUC vs batch, {what}{tag}")
+        ax.set_title(f"{study.name}: test AUC vs batch, {what}")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("test AUC (mean ± sd over seeds)")
-    for ax in axes[0]:  # each panel its own legend: a study cut short may leave one empty
+    for ax in axes[0][::-1]:  # the last panel with points (a study cut short may have none)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
             break
-    paths.append(_save(fig, out / "auc_vs_batch.png"))
+    paths.append(_save(fig, out / "auc_vs_batch.png", label_of))
 
     # 2. validation AUC against rows seen, best LR, one panel per batch size
     best = {
@@ -132,14 +132,14 @@ def write_plots(
                 st = style(name, k)
                 st.pop("marker")
                 ax.plot(xs, ys, **st)
-        ax.set_title(f"batch {g:,}{tag}")
+        ax.set_title(f"batch {g:,}")
         ax.set_xlabel("rows seen")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation AUC")
     if axes[0][-1].get_legend_handles_labels()[0]:
         axes[0][-1].legend(fontsize=8)
     if has_runs:
-        paths.append(_save(fig, out / "auc_vs_rows.png"))
+        paths.append(_save(fig, out / "auc_vs_rows.png", label_of))
     else:
         plt.close(fig)
 
@@ -159,14 +159,14 @@ def write_plots(
             if tables:
                 ax_t.plot(*zip(*tables, strict=True), label=f"{label(name, k)} G={g:,}", **st)
     for ax, what in ((ax_d, "dense layers"), (ax_t, "embedding tables")):
-        ax.set_title(f"mean GSNR ratio, {what}{tag}")
+        ax.set_title(f"mean GSNR ratio, {what}")
         ax.set_xlabel("fraction of training")
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
     if ax_t.get_legend_handles_labels()[0]:
         ax_t.legend(fontsize=8)
     if has_runs:
-        paths.append(_save(fig, out / "gsnr_ratio.png"))
+        paths.append(_save(fig, out / "gsnr_ratio.png", label_of))
     else:
         plt.close(fig)
 
@@ -204,12 +204,12 @@ def write_plots(
             ax.set_xticks(ks, [str(k) for k in ks])
             ax.minorticks_off()
             ax.set_xlabel("k: micro-batches (gradient groups) per step")
-            ax.set_title(f"VR cells: test AUC vs k, {what}{tag}")
+            ax.set_title(f"VR cells: test AUC vs k, {what}")
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("test AUC (mean ± sd over seeds)")
         if axes[0][-1].get_legend_handles_labels()[0]:  # a study cut short may have no point
             axes[0][-1].legend(fontsize=8)
-        paths.append(_save(fig, out / "auc_vs_groups.png"))
+        paths.append(_save(fig, out / "auc_vs_groups.png", label_of))
     else:  # an empty plot from an older report goes
         (out / "auc_vs_groups.png").unlink(missing_ok=True)
     return paths
@@ -226,10 +226,16 @@ def _fitted(lows: list[float], highs: list[float], pad: float = 0.15) -> tuple[f
     return lo - pad * span, hi + pad * span
 
 
-def _save(fig: Any, path: Path) -> Path:
+#: The banner over every figure of an exploratory study.
+EXPLORATORY = "EXPLORATORY cells (not pre-registered): no figure here is a tested claim"
+
+
+def _save(fig: Any, path: Path, banner: str | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     tmp = path.with_name(f".{path.name}.tmp.png")
+    if banner:
+        fig.suptitle(banner, color="darkred", fontweight="bold")
     fig.tight_layout()
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
