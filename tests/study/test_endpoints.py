@@ -207,3 +207,26 @@ def test_the_gpu_study_is_its_preregistered_design() -> None:
         cfg = study.cell_config(cell)
         assert cfg.run.steps == study.steps(cell.global_batch) and cfg.run.epochs is None
         assert cfg.run.micro_batch * 8 == cell.global_batch
+
+
+def _committed_studies() -> list[Path]:
+    return sorted(p.parent for p in (ROOT / "docs" / "study").glob("**/study.json"))
+
+
+@pytest.mark.parametrize("study_dir", _committed_studies(), ids=lambda p: p.name)
+def test_every_committed_report_is_today_s_report_code(study_dir: Path, tmp_path: Path) -> None:
+    """Each committed results.md is what today's report code writes from the committed cells
+    (`dlrm-vrgd study report DIR` rewrites it): with its primary endpoints, raw and
+    Holm-adjusted p, and which survive; an exploratory study says so before any figure."""
+    from dlrm_vrgd.study.run import rewrite_report
+
+    for name in ("study.json", "cells.jsonl", "results.json", "result.json", "picks.json"):
+        if (study_dir / name).exists():
+            (tmp_path / name).write_bytes((study_dir / name).read_bytes())
+    rewrite_report(tmp_path)
+    committed = (study_dir / "results.md").read_text()
+    assert (tmp_path / "results.md").read_text() == committed, "run `dlrm-vrgd study report`"
+    assert "Holm over m = " in committed and "p Holm" in committed or "m = 0" in committed
+    saved = json.loads((study_dir / "study.json").read_text())
+    if saved.get("exploratory"):
+        assert "**Exploratory cells**" in committed.split("\n## ")[0]
