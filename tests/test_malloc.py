@@ -83,6 +83,18 @@ def test_heap_release_modes(monkeypatch) -> None:
         malloc.heap_release("often")
 
 
+def test_auto_hands_back_per_micro_batch_on_a_cpu_and_never_on_cuda(monkeypatch) -> None:
+    import dlrm_vrgd.malloc as malloc
+
+    assert malloc.resolve_heap_release("auto", "cpu") == "micro_batch"
+    assert malloc.resolve_heap_release("auto", "cuda") == "never"
+    assert malloc.resolve_heap_release("growth", "cuda") == "growth"  # a chosen mode stays
+    calls: list[int] = []
+    monkeypatch.setattr(malloc, "release_free_memory", lambda: calls.append(1) or True)
+    assert malloc.heap_release("auto", "cpu")() is True and calls == [1]
+    assert malloc.heap_release("auto", "cuda")() is False and calls == [1]
+
+
 def test_without_mallinfo2_the_guard_hands_back_every_time(monkeypatch) -> None:
     import dlrm_vrgd.malloc as malloc
 

@@ -139,7 +139,8 @@ def test_vr_telemetry_per_layer() -> None:
 
 @pytest.mark.parametrize(
     ("mode", "expected"),
-    [("micro_batch", 4 + 1), ("never", 0)],  # 4 micro-batches, then the dense step
+    # 4 micro-batches, then the dense step; auto is micro_batch on a CPU
+    [("micro_batch", 4 + 1), ("never", 0), ("auto", 4 + 1)],
 )
 def test_heap_release_follows_the_config(mode: str, expected: int, monkeypatch) -> None:
     """run.heap_release chooses the trainer's hand-back after each micro-batch and the dense
