@@ -129,9 +129,8 @@ def run_study(
             if budget is not None:
                 budget.history.append((cost_key(study, cell), cost_s))
             if bundle is not None:
-                write_bundle(
-                    out, bundle, allocation_record(budget, ran, done, len(cells), None, False)
-                )
+                alloc = allocation_record(budget, ran, done, len(cells), None, False, data_info)
+                write_bundle(out, bundle, alloc)
         if on_cell:
             on_cell(i, len(cells), cell, status, record)
 
@@ -156,6 +155,7 @@ def run_study(
                     _with_parent(study.cell_config(cell), mlflow),
                     out / "cells" / cell.id,
                     callbacks=list(train_callbacks or []),
+                    final_checkpoints=False,  # a cell's figures are in the ledger
                 )
                 _release_memory()
                 cost = clock() - t0
@@ -400,7 +400,7 @@ def _train_cell(config: dict[str, Any], run_dir: str, threads: int) -> None:
 
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     torch.set_num_threads(threads)
-    train(parse_config(config), Path(run_dir))
+    train(parse_config(config), Path(run_dir), final_checkpoints=False)
 
 
 def _cell_record(done: int, total: int, cell: Cell, ledger: Ledger, status: str) -> dict[str, Any]:

@@ -274,3 +274,38 @@ def test_a_budget_with_worker_processes_is_refused(tmp_path: Path) -> None:
     study = StudyConfig.model_validate({**TINY, "workers": 2})
     with pytest.raises(ConfigError, match="workers: 1"):
         run_study(study, tmp_path / "s", budget=Budget(100.0))
+
+
+def test_a_study_on_generated_day_files_checks_their_rows_and_records_their_oracle(
+    tmp_path: Path,
+) -> None:
+    """`dlrm-vrgd generate` writes the day files once; the study reads them for exactly its
+    steps (no rows made to measure), refuses files with fewer rows than it needs, and each
+    allocation records the files' rows and the oracle metrics of their manifest."""
+    from dlrm_vrgd.config import ConfigError, parse_config
+    from dlrm_vrgd.data.export import generate_days
+
+    base = small().base
+    study_rows = small().train_rows  # 4 steps x 256
+    data_cfg = parse_config({"data": {**base["data"], "train_rows": study_rows}})
+    generate_days(data_cfg, tmp_path / "days", rows_per_day=512, workers=1, progress=False)
+    criteo = {"source": "criteo", "path": str(tmp_path / "days"), "max_val_rows": None}
+    study = StudyConfig.model_validate(
+        {**TINY, "seeds": [0], "lr_multipliers": [1.0], "rule_multiplier": 1.0,
+         "base": {**base, "data": criteo}}
+    )  # fmt: skip
+    cfg = study.cell_config(study.cells()[0])
+    assert cfg.run.steps == study.steps(128) and cfg.run.epochs is None
+    bundle = tmp_path / "bundle"
+    results = run_study(study, tmp_path / "study", bundle=bundle)
+    assert results["cells_finished"] == 4
+    alloc = json.loads((bundle / "allocation.json").read_text())
+    manifest = json.loads((tmp_path / "days" / "manifest.json").read_text())
+    assert alloc["data"]["train_rows"] == study_rows
+    assert alloc["data"]["oracle"]["test"]["auc"] == manifest["generated"]["oracle"]["test"]["auc"]
+    # every cell read the rows it was given: steps x batch = the files' training rows
+    for c in results["cells"]:
+        assert c["rows"] == study_rows and c["oracle_test_auc"] is not None
+    bigger = StudyConfig.model_validate({**study.model_dump(), "steps_at_largest": 8})
+    with pytest.raises(ConfigError, match="fewer than the study's"):
+        run_study(bigger, tmp_path / "bigger")

@@ -6,6 +6,7 @@ survive, labels exploratory studies, and shows batches that are tuned but not co
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,59 @@ def test_every_committed_report_is_today_s_report_code(study_dir: Path, tmp_path
     saved = json.loads((study_dir / "study.json").read_text())
     if saved.get("exploratory"):
         assert "**Exploratory cells**" in committed.split("\n## ")[0]
+
+
+#: How the pages name each arm of the committed studies.
+ARM_NAMES = {
+    "vrsgd": "VR-SGD",
+    "vradam": "VR-Adam",
+    "adagrad": "Adagrad",
+    "cowclip": "CowClip",
+    "cowclip_r1": "CowClip",
+    "cowclip_r0.1": "CowClip",
+}
+
+
+def _ci(lo: float, hi: float) -> str:
+    """An interval as the pages write it (a true minus sign, four decimals)."""
+    return "[" + ", ".join(f"{x:+.4f}".replace("-", "−") for x in (lo, hi)) + "]"
+
+
+def _pages() -> dict[str, str]:
+    """README.md and every hand-written page (the generated study reports aside)."""
+    pages = {"README.md": (ROOT / "README.md").read_text()}
+    for p in sorted((ROOT / "docs").rglob("*.md")):
+        if p.name not in ("results.md", "configuration.md", "api.md"):
+            pages[str(p.relative_to(ROOT))] = p.read_text()
+    return pages
+
+
+def _quoting(text: str, figure: str) -> list[str]:
+    """The paragraphs (list items and table rows count as paragraphs) that quote ``figure``."""
+    blocks = re.split(r"\n\s*\n|\n(?=\s*[-*] )|\n(?=\|)", text)
+    return [b for b in blocks if figure in b]
+
+
+def test_no_claim_that_fails_holm_is_bold_and_every_edge_is_said_where_quoted() -> None:
+    """Wherever a page quotes a committed study's interaction that does not survive Holm, no
+    bold span in that paragraph names its arm; wherever it quotes a comparison (interaction or
+    arm − base) whose pick sits on a grid's edge, the paragraph says "edge"."""
+    pages = _pages()
+    problems = []
+    for results in sorted((ROOT / "docs" / "study").glob("**/results.json")):
+        data = json.loads(results.read_text())
+        rows = [(e, e["interaction"], e["survives"]) for e in data["primary"]["endpoints"]]
+        rows += [(p, p["delta_test_auc"], None) for p in data["pairs"]]
+        for row, stat, survives in rows:
+            if stat["ci95"] is None:
+                continue
+            figure = _ci(*stat["ci95"])
+            name = ARM_NAMES.get(row["optimizer"], row["optimizer"])
+            for page, text in pages.items():
+                for block in _quoting(text, figure):
+                    bold = re.findall(r"\*\*(.+?)\*\*", block, flags=re.S)
+                    if survives is False and any(name in b for b in bold):
+                        problems.append(f"{page}: bold {name} beside {figure} (fails Holm)")
+                    if row["edge"] and "edge" not in block:
+                        problems.append(f"{page}: {figure} ({results.parent.name}) is an edge pick")
+    assert not problems, "\n".join(problems)
