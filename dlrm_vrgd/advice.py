@@ -27,13 +27,14 @@ The file is data, not code: a line that is not a well-formed record is skipped.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from dlrm_vrgd import safejson
 
 SCOPES = ("model", "dense", "tables")
 #: Batches of the trade-off table, as multiples of the run's global batch.
@@ -59,9 +60,9 @@ def noise_records(lines: Iterable[bytes | str]) -> Iterator[tuple[int, dict[str,
     """``(step, noise_scale)`` of each well-formed ``gsnr.jsonl`` line that carries one."""
     for line in lines:
         try:
-            record = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
-            continue  # a torn last line, or not JSON
+            record = safejson.loads(line)  # bounded nesting: only ValueError
+        except ValueError:
+            continue  # a torn last line, not JSON, or nested too deep
         if not isinstance(record, dict):
             continue
         step, noise = record.get("step"), record.get("noise_scale")

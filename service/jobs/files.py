@@ -18,12 +18,13 @@ but a regular file, is not found. Archives (:func:`tar_stream`) leave links out 
 from __future__ import annotations
 
 import hashlib
-import json
+import logging
 import os
 import re
 import shutil
 import stat
 import tarfile
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +34,9 @@ from typing import Any
 import yaml
 
 from service.errors import ArtifactNotFound, InvalidInput
+from service.jobs import reading
+
+logger = logging.getLogger(__name__)
 
 CONFIG = "config.yaml"
 LOG = "train.log"
@@ -84,12 +88,14 @@ class JobFiles:
 
 
 def write_config(path: Path, config: dict[str, Any]) -> None:
-    """Write the config YAML atomically (temporary file + fsync + rename; the temporary file
-    is removed when the write fails, e.g. on a full disk)."""
+    """Write the config YAML atomically (a new temporary file, never one found there: a link
+    planted under its name is not followed; fsync; rename over whatever ``path`` is). The
+    temporary file is removed when the write fails, e.g. on a full disk."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        with tmp.open("w") as f:
+        with os.fdopen(fd, "w") as f:
             f.write(yaml.safe_dump(config, sort_keys=False))
             f.flush()
             os.fsync(f.fileno())
@@ -108,27 +114,31 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def read_result(files: JobFiles) -> dict[str, Any] | None:
-    """The run's result.json, or None when absent or unreadable."""
+def read_result(files: JobFiles, strict: bool = False) -> dict[str, Any] | None:
+    """The run's result.json, or None when absent. One that is a link, not a regular file,
+    over 16 MiB, not a JSON object or nested too deep (:mod:`service.jobs.reading`) raises
+    :class:`~service.jobs.reading.JobFileError` with ``strict``, else is logged and read as
+    None."""
     try:
-        data = json.loads(files.result.read_text())
-    except (FileNotFoundError, ValueError):
+        data = reading.read_json(files.result, files.root)
+        if data is not None and not isinstance(data, dict):
+            raise reading.JobFileError(f"{RUN}/{RESULT}", "not a JSON object")
+    except reading.JobFileError as err:
+        if strict:
+            raise
+        logger.warning("job %s: %s", files.root.name, err.message)
         return None
-    return data if isinstance(data, dict) else None
+    return data
 
 
-def tail_lines(path: Path, n: int) -> list[str]:
+def tail_lines(path: Path, n: int, within: Path | None = None) -> list[str]:
     """The last ``n`` lines of a log as a terminal would show them: a carriage return (progress
-    bars) overwrites its line, so only each line's last segment is kept."""
+    bars) overwrites its line, so only each line's last segment is kept. Read as every job
+    file is (:mod:`service.jobs.reading`: no link below ``within``, regular files only, its
+    last 256 KiB)."""
     if n <= 0:
         return []
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - _TAIL_BYTES))
-            data = f.read()
-    except FileNotFoundError:
-        return []
+    data = reading.read_tail(path, _TAIL_BYTES, within)
     text = data.decode("utf-8", errors="replace")
     lines = []
     for raw in text.split("\n"):

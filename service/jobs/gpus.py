@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -270,18 +271,22 @@ def visible_devices(devices: Sequence[str]) -> str:
 def write_assignment(job_dir: Path, devices: Sequence[str]) -> None:
     """Record (atomically) the GPUs a job is given in ``job_dir/gpus.json``."""
     path = job_dir / ASSIGNMENT_FILE
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"devices": list(devices)}) + "\n")
+    fd, tmp = tempfile.mkstemp(dir=job_dir, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:  # a new file: a link planted under a fixed name is not followed
+        f.write(json.dumps({"devices": list(devices)}) + "\n")
     os.replace(tmp, path)
 
 
 def read_assignment(job_dir: Path, pid: int | None = None) -> tuple[str, ...] | None:
     """The GPUs a job was given: from ``job_dir/gpus.json``, else from the environment of its
     process ``pid`` (``/proc/PID/environ``); None when neither tells."""
+    from service.jobs.reading import JobFileError, read_json  # no link followed, bounded
+
     try:
-        data = json.loads((job_dir / ASSIGNMENT_FILE).read_text())
-        return tuple(str(d) for d in data["devices"])
-    except (OSError, ValueError, KeyError, TypeError):
+        data = read_json(job_dir / ASSIGNMENT_FILE, limit=64 << 10)
+        if data is not None and isinstance(data["devices"], list):
+            return tuple(str(d) for d in data["devices"][:1024])
+    except (OSError, ValueError, KeyError, TypeError, JobFileError):
         pass
     if pid is None:
         return None

@@ -8,13 +8,15 @@ newline are consumed and the offset advances exactly over them.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dlrm_vrgd import safejson
+from service.jobs import reading
 from service.jobs.models import utcnow
+from service.jobs.reading import JobFileError
 
 if TYPE_CHECKING:
     from service.jobs.files import JobFiles
@@ -37,41 +39,65 @@ def clean(value: Any) -> Any:
     return value
 
 
+class RecordError(JobFileError):
+    """A line of a job's JSON-lines file that is not a JSON object within bounds (too long,
+    nested too deep, not JSON): the job fails, naming the file and the line."""
+
+    def __init__(self, name: str, line: int, reason: str) -> None:
+        super().__init__(f"{name}:{line}", reason)
+        self.line = line
+
+
+def _line_at(path: Path, offset: int, within: Path | None) -> int:
+    """The 1-based number of the line that starts at byte ``offset``."""
+    lines, at = 1, 0
+    while at < offset:
+        got = reading.read_range(path, at, min(MAX_READ_BYTES, offset - at), within)
+        if not got or not got[0]:
+            break
+        lines += got[0].count(b"\n")
+        at += len(got[0])
+    return lines
+
+
 def read_new_records(
-    path: Path, offset: int, max_bytes: int = MAX_READ_BYTES
+    path: Path, offset: int, max_bytes: int = MAX_READ_BYTES, within: Path | None = None
 ) -> tuple[list[dict[str, Any]], int] | None:
     """Complete JSON-object lines of ``path`` from byte ``offset``, and the offset after them.
 
     Returns None when the file is shorter than ``offset`` (it was rewritten: start over).
-    A missing file reads as nothing new. Lines that are not JSON objects are skipped with a warning.
+    A missing file reads as nothing new. The file is read as every job file is
+    (:mod:`service.jobs.reading`: no link below ``within``, a regular file, at most
+    ``max_bytes`` a call); a line longer than ``max_bytes``, nested deeper than
+    :data:`dlrm_vrgd.safejson.MAX_DEPTH`, or that is not a JSON object raises
+    :class:`RecordError` naming the file and the line.
     """
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, 2)
-            if size < offset:
-                return None
-            f.seek(offset)
-            data = f.read(max_bytes)
-            if len(data) == max_bytes and b"\n" not in data:
-                data += f.read()  # one line longer than max_bytes: take it whole
-    except FileNotFoundError:
+    got = reading.read_range(path, offset, max_bytes, within)
+    if got is None:
         return [], offset  # not written yet (or removed): nothing new, keep what is stored
+    data, size = got
+    if size < offset:
+        return None
+    name = reading.name_of(path, within)
     end = data.rfind(b"\n")
     if end < 0:
+        if len(data) >= max_bytes:
+            line = _line_at(path, offset, within)
+            raise RecordError(name, line, f"a line longer than {max_bytes:,} bytes")
         return [], offset
     records: list[dict[str, Any]] = []
-    for line in data[: end + 1].splitlines():
+    for i, line in enumerate(data[: end + 1].split(b"\n")[:-1]):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except ValueError:
-            logger.warning("%s: skipping a line that is not JSON", path)
-            continue
-        if isinstance(rec, dict):
-            records.append(clean(rec))
-        else:
-            logger.warning("%s: skipping a line that is not a JSON object", path)
+            rec = safejson.loads(line)
+        except ValueError as err:
+            number = _line_at(path, offset, within) + i
+            raise RecordError(name, number, f"not JSON ({safejson.describe(err)})") from None
+        if not isinstance(rec, dict):
+            number = _line_at(path, offset, within) + i
+            raise RecordError(name, number, "not a JSON object")
+        records.append(clean(rec))
     return records, offset + end + 1
 
 
@@ -79,17 +105,17 @@ def file_inode(path: Path) -> int | None:
     """The file's inode number (None when it does not exist): a run that resumes rewrites its
     JSON-lines files by an atomic replace, which gives them a new inode."""
     try:
-        return path.stat().st_ino
+        return path.lstat().st_ino
     except OSError:
         return None
 
 
-def read_all_records(path: Path) -> tuple[list[dict[str, Any]], int]:
+def read_all_records(path: Path, within: Path | None = None) -> tuple[list[dict[str, Any]], int]:
     """Every complete JSON-object line of ``path`` and the offset after the last one."""
     records: list[dict[str, Any]] = []
     offset = 0
     while True:
-        got = read_new_records(path, offset)
+        got = read_new_records(path, offset, within=within)
         if got is None:  # rewritten again while being read: start over
             records, offset = [], 0
             continue
@@ -193,7 +219,10 @@ def ingest_job(store: Store, job_id: str, files: JobFiles) -> int:
     A file rewritten since the last look (a new inode, or shorter: a resumed attempt keeps
     only the records up to its checkpoint) is reconciled record by record: the records
     the attempts share stay (same ``seq``), those after the resume point go, the new
-    attempt's follow. The series thus continue across attempts with no step twice."""
+    attempt's follow. The series thus continue across attempts with no step twice.
+
+    Raises :class:`~service.jobs.reading.JobFileError` (:class:`RecordError` for a bad line)
+    when a file is not one the service reads: the runner fails that job alone."""
     job = store.get_job(job_id)
     if job is None:
         return 0
@@ -204,10 +233,10 @@ def ingest_job(store: Store, job_id: str, files: JobFiles) -> int:
         ("gsnr", files.gsnr, job.gsnr_offset, job.gsnr_inode),
     ):
         now_inode = file_inode(path)
-        got = read_new_records(path, offset)
+        got = read_new_records(path, offset, within=files.root)
         replaced = inode is not None and now_inode is not None and now_inode != inode
         if got is None or replaced:
-            records, end = read_all_records(path)
+            records, end = read_all_records(path, files.root)
             gone, added = store.reconcile_stream(job_id, stream, records, end, now_inode)
             logger.info(
                 "job %s: %s was rewritten (a resumed run): %d record(s) dropped, %d added",

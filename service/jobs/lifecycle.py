@@ -68,15 +68,17 @@ from service.jobs.backends.base import (
 )
 from service.jobs.backends.local import JOB_ENV, LocalHandle
 from service.jobs.backends.slurm import time_limit_minutes
-from service.jobs.files import JobFiles, read_result
+from service.jobs.files import JobFiles, read_result, write_config
 from service.jobs.gpus import read_assignment, visible_devices
 from service.jobs.ingest import ingest_job
 from service.jobs.kinds import KINDS
 from service.jobs.models import utcnow
+from service.jobs.reading import JobFileError
 from service.jobs.retry import infrastructure_cause, resume_step
 from service.jobs.scheduling import Scheduler
 from service.jobs.states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
 from service.jobs.store import Job, Store
+from service.jobs.tracking import job_environment
 from service.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -158,8 +160,11 @@ class ActiveJob:
     #: The job's state in the store as the runner last set it: ``queued`` while a scheduler
     #: holds it pending, then ``running``.
     state: str = RUNNING
-    #: "cancel", "timeout" or "shutdown" once the job is being stopped.
+    #: "cancel", "timeout", "shutdown", "infeasible" or "damaged" once the job is being stopped.
     stop_reason: str | None = None
+    #: Why the service stopped following the job ("damaged"): a file of its directory it will
+    #: not read (a link, a FIFO, a record line too deep), named with its line.
+    damage: str | None = None
     stop_sent: float = 0.0
     killed: bool = False
     #: The last reason noted in the job's state records (pending reason, scheduler trouble).
@@ -206,13 +211,18 @@ class JobLifecycle:
         return JobFiles(self.settings.jobs_dir / job_id)
 
     def _kind_command(self, job: Job, files: JobFiles) -> list[str]:
+        # the config it runs with is the one stored, whatever the job's directory holds now
+        write_config(files.config, job.config)
         # always --resume: a rerun (a retry, a Slurm requeue) of a job whose run directory
         # holds a run resumes it; a fresh directory starts afresh
         return KINDS[job.kind].command(self.settings.trainer_python, files, True)
 
-    def _child_env(self, job_id: str) -> dict[str, str]:
+    def _child_env(self, job: Job) -> dict[str, str]:
+        """The service's environment less its token, and less MLflow's credentials unless
+        the job's tracking server is allowed them (service/jobs/tracking.py)."""
         env = {k: v for k, v in os.environ.items() if k != "DLRM_VRGD_TOKEN"}
-        env[JOB_ENV] = job_id
+        env = job_environment(env, job.kind, job.config, self.settings)
+        env[JOB_ENV] = job.id
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("TQDM_MININTERVAL", "5")  # a progress line every 5 s in train.log
         return env
@@ -229,7 +239,7 @@ class JobLifecycle:
         timeout = job.timeout_s or self.settings.job_timeout_s
         try:
             cmd = self._command(job, files)
-            request = LaunchRequest(job, files, cmd, self._child_env(job.id), devices, timeout)
+            request = LaunchRequest(job, files, cmd, self._child_env(job), devices, timeout)
             handle = self.backend.schedule(request)
         except Exception as err:
             logger.exception("job %s: could not start", job.id)
@@ -276,7 +286,7 @@ class JobLifecycle:
         timeout = job.timeout_s or self.settings.job_timeout_s
         try:
             cmd = self._command(job, files)
-            request = LaunchRequest(job, files, cmd, self._child_env(job.id), (), timeout)
+            request = LaunchRequest(job, files, cmd, self._child_env(job), (), timeout)
             handle = self.backend.schedule(request)
         except BackendUnavailable as err:
             logger.error("job %s: %s unavailable, trying again: %s", job.id, self.backend.name, err)
@@ -387,8 +397,14 @@ class JobLifecycle:
     ) -> ActiveJob | None:
         """Settle a job whose main process ended: ingest the rest, clean the group, decide.
         Returns the next attempt when the job is retried (see service/jobs/retry.py)."""
-        ingest_job(self.store, active.job_id, self.files(active.job_id))
+        if active.damage is None:
+            try:
+                ingest_job(self.store, active.job_id, self.files(active.job_id))
+            except JobFileError as err:  # the job fails alone, naming the file and line
+                active.damage = err.message
         self.backend.settle(active.handle)
+        if active.damage is not None:
+            return self._fail_damaged(active, status)
         if self.backend.queues_jobs:
             return self._finish_scheduled(active, status)
         assert isinstance(active.handle, LocalHandle)
@@ -437,6 +453,19 @@ class JobLifecycle:
         job = self.store.transition(active.job_id, [RUNNING], state, message, **fields)
         if job is not None:
             logger.info("job %s: %s%s", active.job_id, state, f" ({message})" if message else "")
+        return None
+
+    def _fail_damaged(self, active: ActiveJob, status: AppStatus) -> None:
+        """End a job whose directory holds a file the service will not read: failed, naming
+        it (never retried: the next attempt would find the same file)."""
+        message = f"the job's files cannot be trusted: {active.damage}"
+        fields: dict[str, object] = {"finished_at": utcnow(), "exit_code": status.exit_code}
+        fields["error"] = message
+        self._end_attempt(active.job_id, message, status.exit_code, fields)
+        fields["backend_state"] = f"ended: {message}"
+        job = self.store.transition(active.job_id, [QUEUED, RUNNING], FAILED, message, **fields)
+        if job is not None:
+            logger.warning("job %s: failed (%s)", active.job_id, message)
         return None
 
     def _finish_scheduled(self, active: ActiveJob, status: AppStatus) -> ActiveJob | None:
@@ -555,7 +584,7 @@ class JobLifecycle:
         attempts = self._end_attempt(job.id, cause, exit_code, fields)
         try:
             cmd = self._command(job, files)
-            env = self._child_env(job.id)
+            env = self._child_env(job)
             request = LaunchRequest(job, files, cmd, env, active.devices, active.timeout_s)
             handle = self.backend.schedule(request)
         except Exception as err:
@@ -608,65 +637,77 @@ class JobLifecycle:
         if self.backend.queues_jobs:
             jobs += self.store.jobs_in_state(QUEUED)
         for job in jobs:
-            launched_by = job.backend or "local"
-            if launched_by != self.backend.name:
-                if job.state == QUEUED:
-                    continue  # never handed over: this backend will run it
-                message = (
-                    f"started through the {launched_by} backend; this service runs "
-                    f"{self.backend.name} (DLRM_VRGD_BACKEND) and cannot follow it"
-                )
-                logger.error("job %s: %s", job.id, message)
+            try:
+                self._recover_one(job, reattached)
+            except Exception as err:  # one job the service cannot settle never stops the start
+                logger.exception("job %s: could not be recovered", job.id)
+                message = f"could not be followed after a restart: {type(err).__name__}: {err}"
                 self.store.transition(
-                    job.id, [RUNNING], FAILED, message, finished_at=utcnow(), error=message
-                )
-                continue
-            handle = self.backend.recover(job)
-            if handle is None:
-                if job.state == QUEUED:
-                    continue  # never handed over: it starts like any queued job
-                self.store.transition(
-                    job.id,
-                    [RUNNING],
-                    FAILED,
-                    "the service stopped while starting it",
-                    finished_at=utcnow(),
-                    error="the service stopped while starting this job; it did not run",
-                )
-                continue
-            timeout = job.timeout_s or self.settings.job_timeout_s
-            deadline = None
-            if timeout and job.started_at is not None and not self.backend.enforces_time_limit:
-                elapsed = (utcnow() - job.started_at).total_seconds()
-                deadline = time.monotonic() + max(0.0, timeout - elapsed)
-            active = ActiveJob(job_id=job.id, handle=handle, timeout_s=timeout, deadline=deadline)
-            active.state, active.backend_state = job.state, job.backend_state
-            if not self.backend.queues_jobs:
-                active.devices = tuple(read_assignment(self.files(job.id).root, job.pid) or ())
-            if self.backend.queues_jobs:
-                if job.slurm_job_id is None:
-                    self.store.set_if_state(
-                        job.id,
-                        [QUEUED, RUNNING],
-                        backend=self.backend.name,
-                        slurm_job_id=handle.app_id,
-                    )
-                label = f"{self.backend.name.capitalize()} job {handle.app_id}"
-                logger.warning("job %s: following %s again", job.id, label)
-                self.store.note(job.id, f"following {label} again after a restart")
-                reattached.append(active)
-                continue
-            assert isinstance(handle, LocalHandle)
-            status = self.backend.describe(handle)
-            if status.phase != ENDED:
-                logger.warning("job %s: re-attached to process %d", job.id, handle.pid)
-                self.store.note(job.id, f"re-attached to process {handle.pid} after a restart")
-                self.scheduler.adopt_gpus(job)
-                reattached.append(active)
-            else:  # its exit status, if its supervisor recorded one
-                logger.warning("job %s: process %d is gone", job.id, handle.pid)
-                retry = self.finish(active, status, orphaned=True)
-                if retry is not None:  # it died while the service was down: retried now
-                    self.scheduler.adopt_gpus(job)
-                    reattached.append(retry)
+                    job.id, [QUEUED, RUNNING], FAILED, message, finished_at=utcnow(),
+                    error=message,
+                )  # fmt: skip
         return reattached
+
+    def _recover_one(self, job: Job, reattached: list[ActiveJob]) -> None:
+        """Settle or re-attach one job (appended to ``reattached`` when it is followed)."""
+        launched_by = job.backend or "local"
+        if launched_by != self.backend.name:
+            if job.state == QUEUED:
+                return  # never handed over: this backend will run it
+            message = (
+                f"started through the {launched_by} backend; this service runs "
+                f"{self.backend.name} (DLRM_VRGD_BACKEND) and cannot follow it"
+            )
+            logger.error("job %s: %s", job.id, message)
+            self.store.transition(
+                job.id, [RUNNING], FAILED, message, finished_at=utcnow(), error=message
+            )
+            return
+        handle = self.backend.recover(job)
+        if handle is None:
+            if job.state == QUEUED:
+                return  # never handed over: it starts like any queued job
+            self.store.transition(
+                job.id,
+                [RUNNING],
+                FAILED,
+                "the service stopped while starting it",
+                finished_at=utcnow(),
+                error="the service stopped while starting this job; it did not run",
+            )
+            return
+        timeout = job.timeout_s or self.settings.job_timeout_s
+        deadline = None
+        if timeout and job.started_at is not None and not self.backend.enforces_time_limit:
+            elapsed = (utcnow() - job.started_at).total_seconds()
+            deadline = time.monotonic() + max(0.0, timeout - elapsed)
+        active = ActiveJob(job_id=job.id, handle=handle, timeout_s=timeout, deadline=deadline)
+        active.state, active.backend_state = job.state, job.backend_state
+        if not self.backend.queues_jobs:
+            active.devices = tuple(read_assignment(self.files(job.id).root, job.pid) or ())
+        if self.backend.queues_jobs:
+            if job.slurm_job_id is None:
+                self.store.set_if_state(
+                    job.id,
+                    [QUEUED, RUNNING],
+                    backend=self.backend.name,
+                    slurm_job_id=handle.app_id,
+                )
+            label = f"{self.backend.name.capitalize()} job {handle.app_id}"
+            logger.warning("job %s: following %s again", job.id, label)
+            self.store.note(job.id, f"following {label} again after a restart")
+            reattached.append(active)
+            return
+        assert isinstance(handle, LocalHandle)
+        status = self.backend.describe(handle)
+        if status.phase != ENDED:
+            logger.warning("job %s: re-attached to process %d", job.id, handle.pid)
+            self.store.note(job.id, f"re-attached to process {handle.pid} after a restart")
+            self.scheduler.adopt_gpus(job)
+            reattached.append(active)
+        else:  # its exit status, if its supervisor recorded one
+            logger.warning("job %s: process %d is gone", job.id, handle.pid)
+            retry = self.finish(active, status, orphaned=True)
+            if retry is not None:  # it died while the service was down: retried now
+                self.scheduler.adopt_gpus(job)
+                reattached.append(retry)

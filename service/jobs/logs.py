@@ -15,23 +15,24 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from service.jobs import reading
+
 #: Most bytes one read returns (a follower asks again for the rest).
 MAX_CHUNK = 1 << 20
 _SRUN = re.compile(r"^\s*(\d+): ")
 
 
-def read_from(path: Path, offset: int, limit: int = MAX_CHUNK) -> tuple[bytes, int]:
+def read_from(
+    path: Path, offset: int, limit: int = MAX_CHUNK, within: Path | None = None
+) -> tuple[bytes, int]:
     """The log's bytes from ``offset`` (at most ``limit``, ending at a line end when one is
-    in them) and the offset after them; nothing when the log is shorter or absent."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, 2)
-            if offset >= size:
-                return b"", offset
-            f.seek(offset)
-            data = f.read(limit)
-    except FileNotFoundError:
+    in them) and the offset after them; nothing when the log is shorter or absent. Read as
+    every job file is (:mod:`service.jobs.reading`: no link below ``within``, regular files
+    only)."""
+    got = reading.read_range(path, offset, limit, within)
+    if got is None or not got[0]:
         return b"", offset
+    data = got[0]
     if len(data) == limit and b"\n" in data:
         data = data[: data.rfind(b"\n") + 1]
     return data, offset + len(data)

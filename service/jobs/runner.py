@@ -32,12 +32,16 @@ from service.jobs.ingest import ingest_job
 from service.jobs.lifecycle import ActiveJob, CommandFn, JobLifecycle
 from service.jobs.models import utcnow
 from service.jobs.notifier import Notifier
+from service.jobs.reading import JobFileError
 from service.jobs.scheduling import Scheduler
 from service.jobs.states import CANCELLED, QUEUED, TERMINAL
 from service.jobs.store import Job, Store
 from service.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+#: Ticks in a row that may fail to follow one job before it is stopped and fails.
+FOLLOW_FAILURES = 20
 
 
 class Runner:
@@ -75,6 +79,8 @@ class Runner:
         #: A scheduler's jobs are looked at by a loop of their own (``_watch``), so that a
         #: slow scheduler never holds back metric ingestion: (job id, app id) -> last status.
         self._statuses: dict[tuple[str, str], AppStatus] = {}
+        #: Ticks in a row whose following of a job failed (:meth:`_follow_one`).
+        self._failures: dict[str, int] = {}
         self._watcher: asyncio.Task[None] | None = None
 
     # --------------------------------------------------------------------------- public
@@ -188,7 +194,7 @@ class Runner:
         while not self._stopping:
             try:
                 for active in list(self._active.values()):
-                    await self._follow(active)
+                    await self._follow_one(active)
                 await self._start_queued()
             except asyncio.CancelledError:
                 raise
@@ -226,11 +232,38 @@ class Runner:
             return self._statuses.get((active.job_id, active.handle.app_id))
         return await asyncio.to_thread(self.backend.describe, active.handle)
 
+    async def _follow_one(self, active: ActiveJob) -> None:
+        """:meth:`_follow` of one job, whose failures stay its own: after
+        :data:`FOLLOW_FAILURES` ticks in a row that fail, the job is stopped and fails; the
+        other jobs and the queue go on meanwhile."""
+        try:
+            await self._follow(active)
+            self._failures.pop(active.job_id, None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            count = self._failures.get(active.job_id, 0) + 1
+            self._failures[active.job_id] = count
+            logger.exception("job %s: following it failed (%d in a row)", active.job_id, count)
+            if count >= FOLLOW_FAILURES and active.damage is None:
+                active.damage = f"the service cannot follow it: {type(err).__name__}: {err}"
+                await self._begin_stop(active, "damaged")
+
     async def _follow(self, active: ActiveJob) -> None:
-        """Ingest new records; finish the job if its process ended; enforce timeout/grace."""
-        added = await asyncio.to_thread(
-            ingest_job, self.store, active.job_id, self.files(active.job_id)
-        )
+        """Ingest new records; finish the job if its process ended; enforce timeout/grace.
+        A file of its directory the service will not read fails the job (stopped, naming the
+        file and line)."""
+        added = 0
+        if active.damage is None:
+            try:
+                added = await asyncio.to_thread(
+                    ingest_job, self.store, active.job_id, self.files(active.job_id)
+                )
+            except JobFileError as err:
+                logger.warning("job %s: %s; stopping it", active.job_id, err.message)
+                active.damage = err.message
+                self._failures.pop(active.job_id, None)
+                await self._begin_stop(active, "damaged")
         if added:
             self.notifier.notify(active.job_id)
         status = await self._status(active)

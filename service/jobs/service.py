@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
+import math
 import os
+import re
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +40,21 @@ from service.errors import (
 )
 from service.jobs import files as jobfiles
 from service.jobs import logs as joblogs
+from service.jobs import reading
 from service.jobs.gpus import gpu_request
+from service.jobs.ingest import MAX_READ_BYTES
 from service.jobs.kinds import KINDS
 from service.jobs.notifier import Notifier
 from service.jobs.runner import Runner
 from service.jobs.states import QUEUED, RESUBMITTABLE, SUCCEEDED, TERMINAL
 from service.jobs.store import Job, Series, Store
 from service.jobs.supervise import EXIT_FILE
-from service.jobs.tracking import check_mlflow
+from service.jobs.tracking import check_mlflow, withheld_note
 from service.schemas import JobCreate, JobPublic, ScoreConfig
 from service.settings import Settings
 from service.shown import shown, shown_obj
+
+logger = logging.getLogger(__name__)
 
 #: Records per database read of an event stream.
 EVENT_PAGE = 500
@@ -55,6 +62,10 @@ EVENT_PAGE = 500
 EVENT_RECHECK_S = 5.0
 #: A followed log is looked at this often for new bytes.
 LOG_FOLLOW_S = 0.25
+
+
+#: A job directory's name (:func:`new_job_id`).
+_JOB_ID = re.compile(r"[0-9a-f]{16}")
 
 
 def new_job_id() -> str:
@@ -73,6 +84,33 @@ class JobService:
         self.should_exit: Callable[[], bool] = lambda: False
         for left in (*settings.jobs_dir.glob(".new-*"), *settings.jobs_dir.glob(".deleted-*")):
             shutil.rmtree(left, ignore_errors=True)  # a submission or deletion cut short
+        self._remove_orphans()
+
+    def _remove_orphans(self) -> None:
+        """Job directories no stored job owns, left by a service killed between writing a
+        new job's directory and its row: removed when they hold only what a submission
+        writes (``config.yaml``); any other one is kept and named in the log (nothing a job
+        wrote is removed without its job)."""
+        root = self.settings.jobs_dir
+        try:
+            named = [e for e in os.scandir(root) if _JOB_ID.fullmatch(e.name)]
+        except OSError:
+            return
+        known = self.store.has_jobs(e.name for e in named)
+        for entry in named:
+            if entry.name in known or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                held = set(os.listdir(entry.path))
+            except OSError:
+                continue
+            if held <= {jobfiles.CONFIG}:
+                logger.warning("removing %s: a submission cut short (no job owns it)", entry.name)
+                jobfiles.remove_tree(Path(entry.path))
+            else:
+                logger.warning(
+                    "jobs/%s belongs to no stored job and holds files; left in place", entry.name
+                )
 
     def files(self, job_id: str) -> jobfiles.JobFiles:
         return self.runner.files(job_id)
@@ -101,7 +139,10 @@ class JobService:
         """Store a new queued job (its config written to its directory) and wake the runner.
 
         A job that cannot fit a node's memory is refused (422 naming the fields that drive the
-        estimate, see :mod:`dlrm_vrgd.resources`), as is a Criteo path the host cannot open."""
+        estimate, see :mod:`dlrm_vrgd.resources`), as is a Criteo path the host cannot open,
+        and a NaN or infinite number anywhere in the config, a study's free-form ``base`` and
+        optimizer settings included (fields a cell overrides would otherwise hide it)."""
+        _check_finite(body.config.model_dump(mode="python"), ("config",))
         if isinstance(body.config, StudyConfig):
             study = body.config
             base = study.cell_config(study.cells()[0]).run.mlflow
@@ -147,7 +188,8 @@ class JobService:
                 loc,
             )
         root = self.settings.inputs_root.resolve()
-        paths = []
+        paths: list[str] = []
+        seen: list[tuple[Path, int]] = []
         for i, name in enumerate(config.inputs):
             field, iloc = f"config.inputs.{i}", ("body", "config", "inputs", i)
             parts = name.split("/")
@@ -160,6 +202,15 @@ class JobService:
                 found = False
             if not found:
                 raise InvalidInput(field, f"{name!r}: not found under the data root", iloc)
+            for other, j in seen:  # each row is scored once: no file given twice
+                if path == other or path.is_relative_to(other) or other.is_relative_to(path):
+                    raise InvalidInput(
+                        field,
+                        f"{name!r}: the same file(s) as config.inputs.{j}; every input row is "
+                        "scored once",
+                        iloc,
+                    )
+            seen.append((path, i))
             paths.append(str(root / name))  # resolved again, and confined, when the job runs
         return {**config.model_dump(mode="json"), "model_dir": str(model_dir),
                 "input_paths": paths, "input_root": str(root)}  # fmt: skip
@@ -253,6 +304,10 @@ class JobService:
                     f"cannot store the job in the service's database: {err.orig}; nothing was kept"
                 ) from None
             raise
+        withheld = withheld_note(body.kind, resolved, self.settings)
+        if withheld is not None:
+            logger.warning("job %s: %s", job.id, withheld)
+            self.store.note(job.id, withheld)
         self.runner.wake()
         return job
 
@@ -332,18 +387,20 @@ class JobService:
         job = self.get(job_id)
         if job.kind != "train":
             raise ArtifactNotFound(f"job {job_id} is a {job.kind} job: advice is per train run")
-        try:
-            path = jobfiles.resolve_artifact(self.files(job_id), jobfiles.GSNR)
-        except ArtifactNotFound:
-            return advise_records([], last)
-        with path.open("rb") as f:
-            return advise_records(noise_records(f), last)
+        return self._read(_advice, self.files(job_id), last)
+
+    def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, a read of a job's files, off the request thread and bounded in time
+        (:func:`service.jobs.reading.bounded`)."""
+        return reading.bounded(self.settings.file_read_timeout_s, fn, *args)
 
     # ---------------------------------------------------------------------------- files
     def result(self, job_id: str) -> dict[str, Any]:
         """The run's result.json (stored copy, else the file); 404 while there is none."""
         job = self.get(job_id)
-        result = job.result if job.result is not None else jobfiles.read_result(self.files(job_id))
+        result = job.result
+        if result is None:
+            result = self._read(jobfiles.read_result, self.files(job_id), True)
         if result is None:
             raise ResultNotFound(f"job {job_id} has no result ({job.state})")
         return shown_obj(result)
@@ -351,9 +408,11 @@ class JobService:
     def log_tail(self, job_id: str, lines: int, task: int | None = None) -> list[str]:
         """The log's last lines, as the API shows text (secrets masked, paths relative)."""
         self.get(job_id)  # 404 for an unknown id
+        files = self.files(job_id)
         if task is None:
-            return [self.show(ln) for ln in jobfiles.tail_lines(self.files(job_id).log, lines)]
-        found = jobfiles.tail_lines(self.files(job_id).log, 1_000_000)
+            found = self._read(jobfiles.tail_lines, files.log, lines, files.root)
+            return [self.show(ln) for ln in found]
+        found = self._read(jobfiles.tail_lines, files.log, 1_000_000, files.root)
         return [self.show(ln) for ln in joblogs.task_lines(found, task)[-lines:]]
 
     def log_from(self, job_id: str, offset: int, task: int | None = None) -> tuple[bytes, int]:
@@ -362,7 +421,8 @@ class JobService:
         ``train.log``; the text is shown as the API shows text (secrets masked, the service's
         paths relative), so it may be shorter than the bytes between them."""
         job = self.get(job_id)
-        data, end = joblogs.read_from(self.files(job_id).log, offset)
+        files = self.files(job_id)
+        data, end = self._read(joblogs.read_from, files.log, offset, joblogs.MAX_CHUNK, files.root)
         if job.state not in TERMINAL and not data.endswith(b"\n"):
             cut = data.rfind(b"\n") + 1  # a path cut in two would not be recognised
             data, end = data[:cut], end - (len(data) - cut)
@@ -374,13 +434,21 @@ class JobService:
         """The log's new bytes as they come, from ``offset`` (default: its end now), until
         the job has finished and all of its log was sent (or the server stops)."""
         await asyncio.to_thread(self.get, job_id)  # 404 for an unknown id
-        path = self.files(job_id).log
+        files = self.files(job_id)
+        path, limit = files.log, self.settings.file_read_timeout_s
+
+        async def read(at: int) -> tuple[bytes, int]:
+            return await reading.bounded_async(
+                limit, joblogs.read_from, path, at, joblogs.MAX_CHUNK, files.root
+            )
+
         if offset is None:
-            offset = path.stat().st_size if path.exists() else 0
+            got = await reading.bounded_async(limit, reading.read_range, path, 0, 0, files.root)
+            offset = got[1] if got is not None else 0
         lines = joblogs.TaskFilter(task)
         partial = b""  # a line not yet whole waits for its end (rank or not)
         while not self.should_exit():
-            data, offset = await asyncio.to_thread(joblogs.read_from, path, offset)
+            data, offset = await read(offset)
             if data:
                 data, partial = partial + data, b""
                 cut = data.rfind(b"\n") + 1
@@ -391,7 +459,7 @@ class JobService:
                 continue
             current = await asyncio.to_thread(self.store.get_job, job_id)
             if current is None or current.state in TERMINAL:
-                data, offset = await asyncio.to_thread(joblogs.read_from, path, offset)
+                data, offset = await read(offset)
                 out = lines.feed(partial + data, final=True)
                 if out:
                     yield self._shown_bytes(out)
@@ -487,6 +555,44 @@ class JobService:
             if not read and now - last_sent >= keepalive:
                 yield b": keep-alive\n\n"
                 last_sent = now
+
+
+def _check_finite(value: Any, where: tuple[str | int, ...]) -> None:
+    """:class:`InvalidInput` naming the first NaN or infinite number in ``value``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        field = ".".join(map(str, where))
+        raise InvalidInput(
+            field, f"{value!r} is not a finite number (NaN and Infinity are refused)",
+            ("body", *where),
+        )  # fmt: skip
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, (*where, str(k)))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_finite(v, (*where, i))
+
+
+def _advice(files: jobfiles.JobFiles, last: float) -> dict[str, Any]:
+    """``dlrm-vrgd advise`` of the run's gsnr.jsonl as it stands, read as every job file is
+    (no link, a regular file, lines over :data:`~service.jobs.ingest.MAX_READ_BYTES` left
+    out)."""
+    try:
+        fd = reading.open_in(files.gsnr, files.root)
+    except FileNotFoundError:
+        return advise_records([], last)
+    with os.fdopen(fd, "rb") as f:
+        return advise_records(noise_records(_bounded_lines(f, MAX_READ_BYTES)), last)
+
+
+def _bounded_lines(f: Any, limit: int) -> Iterator[bytes]:
+    """The lines of ``f`` up to ``limit`` bytes each; a longer line is skipped whole."""
+    while line := f.readline(limit + 1):
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        while (rest := f.readline(limit)) and not rest.endswith(b"\n"):
+            pass  # the rest of an overlong line
 
 
 def submission_digest(body: JobCreate) -> str:

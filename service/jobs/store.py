@@ -230,6 +230,15 @@ class Store:
             row = s.get(JobRow, job_id)
             return Job.from_row(row) if row is not None else None
 
+    def has_jobs(self, job_ids: Iterable[str]) -> set[str]:
+        """Those of ``job_ids`` the store holds."""
+        wanted, found = list(job_ids), set()
+        with self._read() as s:
+            for i in range(0, len(wanted), 500):
+                rows = s.execute(select(JobRow.id).where(JobRow.id.in_(wanted[i : i + 500])))
+                found |= {r[0] for r in rows}
+        return found
+
     def list_jobs(
         self,
         states: Sequence[str] = (),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
@@ -11,13 +12,19 @@ from service.api.deps import JobId, ServiceDep
 from service.api.responses import NOT_FOUND
 
 router = APIRouter(prefix="/jobs", tags=["events"])
+#: A record seq as this stream writes it (``str.isdigit`` takes "²", which ``int`` refuses).
+_SEQ = re.compile(r"[0-9]{1,19}")
 
 
 def _cursor(after: int | None, last_event_id: str | None) -> int:
+    """Where the stream starts: ``after``, else a ``Last-Event-ID`` of ASCII digits (a record
+    seq this stream sent), else the first record. Any other header (``²``, ``-1``, text) is
+    ignored as the SSE specification says of an id the client could not have been sent."""
     if after is not None:
         return after
-    if last_event_id and last_event_id.strip().isdigit():
-        return min(int(last_event_id.strip()), 2**62)
+    text = (last_event_id or "").strip()
+    if _SEQ.fullmatch(text):
+        return min(int(text), 2**62)
     return 0
 
 

