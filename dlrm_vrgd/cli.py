@@ -122,6 +122,34 @@ def _print_result(result: Any) -> None:
         print(line)
     if result.out_dir is not None:
         print(f"run directory: {result.out_dir}")
+    for warning in result_warnings(result):
+        print(f"warning: {warning}", file=sys.stderr)
+
+
+def result_warnings(result: Any) -> list[str]:
+    """What a user should not miss in a run's final figures: a final model worse than the best
+    checkpoint's (overfitting, a learning rate too high), an NE above 1 (worse than predicting
+    the click rate for every row)."""
+    out = []
+    best, val = result.best_val, result.val
+    if best is not None and val.get("auc") is not None and val["auc"] < best["auc"]:
+        line = (
+            f"the final model's validation AUC {val['auc']:.4f} is below the best checkpoint's "
+            f"{best['auc']:.4f} (step {best['step']}), as the periodic evals measured it (on "
+            "run.eval_rows rows of validation)"
+        )
+        if result.out_dir is not None:
+            line += f": export that one with dlrm-vrgd export --run {result.out_dir} --best"
+        out.append(line)
+    for name, m in (("val", val), ("test", result.test)):
+        ne = m.get("ne")
+        if isinstance(ne, float) and ne > 1:
+            out.append(
+                f"{name} NE {ne:.4f} > 1: the model predicts {name} clicks worse than the click "
+                "rate alone would (too few rows for this model, overfitting, or a learning "
+                "rate too high)"
+            )
+    return out
 
 
 def cmd_train(args: argparse.Namespace) -> int:

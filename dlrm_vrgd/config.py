@@ -486,16 +486,17 @@ class RunConfig(_Section):
     #: At the end, also score the first N training rows (split "train"; 0 = skip), to show
     #: the train - test gap.
     final_train_eval_rows: Count(0, MAX_ROWS) = 0
-    #: Checkpoint every N steps (0: off). With checkpoints on, the last step always is.
+    #: Checkpoint every N steps (0: none during training). A finished run always checkpoints
+    #: its last step.
     checkpoint_every: Steps = 0
     #: Also checkpoint when this many seconds passed since the last checkpoint (0 = off): a
     #: long step loses at most this much work to a crash or a lost node.
     checkpoint_every_s: Count(0, 30 * 86_400) = 0
     #: Newest checkpoints kept; the best-validation one is kept beside them (see below).
     keep_checkpoints: Count(1, 1000) = 2
-    #: With checkpoints on (``checkpoint_every`` or ``checkpoint_every_s``) and periodic evals,
-    #: checkpoint each new best validation AUC and never prune it (``checkpoints/best.json``
-    #: names it; ``dlrm-vrgd export --best`` exports it).
+    #: With periodic evals, checkpoint each new best validation AUC and never prune it
+    #: (``checkpoints/best.json`` names it; ``dlrm-vrgd export --best`` exports it), whether
+    #: or not periodic checkpoints are on.
     keep_best_checkpoint: bool = True
     #: Stop after this many periodic evaluations without a better validation AUC (None: off;
     #: needs ``eval_every``). The schedule keeps its planned length; the final evals score the

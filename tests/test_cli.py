@@ -204,3 +204,35 @@ def test_service_commands_resolve_and_run_in_a_real_process() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "usage: dlrm-vrgd jobs" in out.stdout and "submit" in out.stdout
+
+
+def test_a_final_model_worse_than_its_best_or_than_the_base_rate_is_said(tmp_path: Path) -> None:
+    """A learning rate so high that validation AUC peaks early: the summary says the final
+    model is worse than the best checkpoint (naming both AUCs and `export --best`), and an NE
+    above 1 (worse than predicting the click rate) is said too."""
+    cfg = write_config(
+        tmp_path,
+        optim={"dense": {"name": "adamw", "lr": 0.3}, "sparse": {"name": "rowwise_adagrad",
+                                                                  "lr": 3.0}},
+        run={"steps": 12, "eval_every": 1, "eval_rows": 256},
+    )  # fmt: skip
+    out = tmp_path / "run"
+    proc = cli("train", "--config", str(cfg), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "result.json").read_text())
+    best, final = result["best_val"], result["val"]
+    evals = [
+        r for r in read_jsonl(out / "metrics.jsonl")
+        if r["kind"] == "eval" and r["split"] == "val" and r["step"] < 12
+    ]  # fmt: skip
+    assert best["auc"] == max(r["auc"] for r in evals)
+    assert best["auc"] > final["auc"], "the test needs a run that ends below its best"
+    said = proc.stderr
+    assert (
+        f"warning: the final model's validation AUC {final['auc']:.4f} is below the best "
+        f"checkpoint's {best['auc']:.4f} (step {best['step']})" in said
+    ), said
+    assert f"dlrm-vrgd export --run {out} --best" in said
+    for split in ("val", "test"):
+        ne = result[split]["ne"]
+        assert (f"warning: {split} NE {ne:.4f} > 1" in said) == (ne > 1), (split, ne, said)

@@ -56,8 +56,10 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     found = ckpt.list_checkpoints(run_dir)
     if not found:
         raise ExportError(
-            f"{run_dir}: no checkpoint (train with run.checkpoint_every > 0; a finished run "
-            "writes one at its last step)"
+            f"{run_dir}: no checkpoint: the run has not finished, or stopped before its first "
+            f"checkpoint{_stopped(run_dir)} (a finished run leaves the checkpoints of its last "
+            "and its best step; run.checkpoint_every / checkpoint_every_s also checkpoint "
+            "during training, so that an interrupted run can be resumed or exported)"
         )
     if step is None:
         return found[-1]
@@ -66,6 +68,20 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path:
             return path
     steps = ", ".join(str(int(p.name.removeprefix("step_"))) for p in found)
     raise ExportError(f"{run_dir}: no checkpoint of step {step} (there are: {steps})")
+
+
+def _stopped(run_dir: Path) -> str:
+    """``" (status.json: interrupted at step 7)"`` when the run's status.json says how it
+    stopped, else ``""`` (a file that is not what it should be says nothing)."""
+    try:
+        with (run_dir / "status.json").open("rb") as f:
+            status = json.loads(f.read(64 << 10))
+        state, step = status["state"], status["step"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return ""
+    if not isinstance(state, str) or not isinstance(step, int) or not state.isalpha():
+        return ""
+    return f" (status.json: {state} at step {step})"
 
 
 def scoring_model(full: FullState) -> m.ScoringModel:

@@ -587,6 +587,7 @@ def train(
     resume: bool = False,
     env: DistEnv | None = None,
     export_to: str | Path | None = None,
+    final_checkpoints: bool = True,
 ) -> RunResult:
     """Run the job described by ``cfg``; write the run directory when ``out_dir`` is given.
 
@@ -598,6 +599,12 @@ def train(
     runs the callbacks, all ranks write their checkpoint shards. With ``export_to``, the last
     step is checkpointed (whatever ``run.checkpoint_every``) and exported there as a model
     directory (:mod:`dlrm_vrgd.serve.export`) before ``result.json`` is written.
+
+    With ``final_checkpoints`` (the default) and ``out_dir``, a finished run always leaves the
+    checkpoint of its last step and, with periodic evals and ``run.keep_best_checkpoint``, the
+    one of its best validation AUC (checkpointed when it is found), whatever
+    ``run.checkpoint_every``: ``dlrm-vrgd export --run`` (``--best``) works on any finished
+    run. A study's cells pass False: their figures are in the study's ledger.
     """
     env = env or DistEnv()
     out = Path(out_dir) if out_dir is not None else None
@@ -659,7 +666,9 @@ def train(
     losses: list[float] = []
     train_s = eval_s = 0.0
     samples_before = trainer.step * run.global_batch
-    checkpointing = bool(out) and bool(run.checkpoint_every or run.checkpoint_every_s)
+    periodic = bool(run.checkpoint_every or run.checkpoint_every_s)
+    # periodic checkpoints, and (final_checkpoints) each new best validation AUC
+    checkpointing = bool(out) and (periodic or final_checkpoints)
     saved_step, saved_at = trainer.step, time.monotonic()
     stopped_early: dict[str, Any] | None = None
     try:
@@ -724,7 +733,8 @@ def train(
                 cb.on_eval(ev)
         if sink:
             _eval_details(sink, trainer, written_finals)
-        if out and (checkpointing or export_to is not None) and saved_step != trainer.step:
+        last_due = periodic or final_checkpoints or export_to is not None
+        if out and last_due and saved_step != trainer.step:
             trainer.save_checkpoint(out)
     except KeyboardInterrupt as err:
         hint = _resume_hint(out) if out is not None else "it wrote no run directory"

@@ -262,3 +262,23 @@ def test_exported_criteo_model_scores_raw_counts_through_the_log_transform(
         rows = Rows(unlogged, sparse, np.zeros(len(sparse), np.float32))
         skipped = torch.sigmoid(t.trainer.model(Batch.from_rows(rows))).numpy()
     assert np.abs(skipped - want).max() > 1e-3
+
+
+def test_a_run_without_a_checkpoint_is_told_why_truthfully(tmp_path: Path) -> None:
+    """No checkpoint: the message says the run has not finished (a finished run always leaves
+    one), and what its status.json says when it stopped early; never that a finished run
+    lacks one."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ExportError) as err:
+        export_model(run, tmp_path / "model")
+    message = str(err.value)
+    assert "has not finished" in message and "a finished run leaves" in message, message
+    (run / "status.json").write_text(
+        json.dumps({"state": "interrupted", "step": 7, "message": "interrupted (SIGINT)"})
+    )
+    with pytest.raises(ExportError, match=r"status\.json: interrupted at step 7"):
+        export_model(run, tmp_path / "model")
+    (run / "status.json").write_text("[" * 100_000)  # whatever the file holds: the same error
+    with pytest.raises(ExportError, match="has not finished"):
+        export_model(run, tmp_path / "model")

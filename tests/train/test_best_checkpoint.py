@@ -155,3 +155,25 @@ def test_checkpoint_every_s_checkpoints_by_the_clock(tmp_path: Path) -> None:
     started = (out / "config.json").stat().st_mtime
     gaps = [b - a for a, b in zip([started, *times], times, strict=False)]
     assert all(g >= 0.9 for g in gaps), gaps  # never sooner than checkpoint_every_s
+
+
+def test_a_finished_run_without_periodic_checkpoints_leaves_its_last_and_its_best(
+    tmp_path: Path,
+) -> None:
+    """``checkpoint_every: 0`` (configs/criteo_small.yaml's setting): the finished run still
+    leaves the checkpoint of its last step and the one of its best validation AUC, so
+    ``export --run`` and ``export --run --best`` work."""
+    out = tmp_path / "run"
+    train(tiny_config(*NOISY, "run.steps=12", "run.checkpoint_every=0"), out)
+    best_step, best_auc = first_best(val_aucs(out))
+    assert best_step < 11, "the test needs a run whose best is not its last eval"
+    names = [p.name for p in ckpt.list_checkpoints(out)]
+    # the best, and the newest keep_checkpoints (2) beside it: the last step's among them
+    assert f"step_{best_step:08d}" in names and names[-1] == "step_00000012", names
+    assert len(names) <= 3, names
+    best = json.loads((out / "checkpoints" / ckpt.BEST).read_text())
+    assert best == {"step": best_step, "val_auc": best_auc, "checkpoint": f"step_{best_step:08d}"}
+    last = cli("export", "--run", str(out), "--out", str(tmp_path / "m"), "--no-program")
+    assert last.returncode == 0 and "exported step 12 " in last.stdout, last.stderr
+    done = cli("export", "--run", str(out), "--best", "--out", str(tmp_path / "b"), "--no-program")
+    assert done.returncode == 0 and f"exported step {best_step} " in done.stdout, done.stderr
