@@ -7,6 +7,7 @@ by the very model the CLI uses, so a bad field answers 422 naming it). Responses
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from datetime import datetime
@@ -15,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -26,6 +28,7 @@ from pydantic import (
 from dlrm_vrgd.config import MAX_NAME_BYTES, MAX_PATH_CHARS, TrainConfig
 from dlrm_vrgd.redact import redact, redact_obj
 from dlrm_vrgd.study.config import StudyConfig
+from service.errors import InvalidInput
 from service.jobs.options import SlurmOptions
 from service.jobs.states import JobKind, JobState
 from service.jobs.store import Job
@@ -101,6 +104,26 @@ class TrainJobCreate(JobSubmission):
     timeout_s: Timeout | None = None
 
 
+def _finite(value: Any, where: tuple[str | int, ...] = ("config",)) -> Any:
+    """``value`` as sent, after looking at every number in it: a NaN or an infinity is
+    :class:`InvalidInput` (422) naming its field (``config.base.run.global_batch``,
+    ``config.optimizers.0.dense.lr``), before the study's own checks, which would see it only
+    in a cell's config, or not at all where a cell overrides the field."""
+    if isinstance(value, float) and not math.isfinite(value):
+        field = ".".join(map(str, where))
+        raise InvalidInput(
+            field, f"{value!r} is not a finite number (NaN and Infinity are refused)",
+            ("body", *where),
+        )  # fmt: skip
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite(v, (*where, str(k)))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _finite(v, (*where, i))
+    return value
+
+
 class StudyJobCreate(JobSubmission):
     """A batch-size study (``dlrm-vrgd study``): ``config`` is a StudyConfig — a grid of
     batch sizes x optimizers x learning rates x seeds over a base TrainConfig."""
@@ -109,7 +132,8 @@ class StudyJobCreate(JobSubmission):
 
     name: JobName
     kind: Literal["study"]
-    config: StudyConfig
+    #: (a non-finite number anywhere in it is refused naming its field, see ``_finite``)
+    config: Annotated[StudyConfig, BeforeValidator(_finite)]
     timeout_s: Timeout | None = None
 
 
