@@ -165,7 +165,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dlrm_vrgd.train import stop
     from dlrm_vrgd.train.loop import train
 
-    stop.install(cooperative=False)  # SIGTERM ends the run as Ctrl-C does (resumable)
+    # Ctrl-C / SIGTERM: stop after this step and checkpoint it (a second one: at once)
+    stop.install(cooperative=True)
     progress = ProgressLine()
     try:
         result = train(

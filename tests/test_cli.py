@@ -236,3 +236,55 @@ def test_a_final_model_worse_than_its_best_or_than_the_base_rate_is_said(tmp_pat
     for split in ("val", "test"):
         ne = result[split]["ne"]
         assert (f"warning: {split} NE {ne:.4f} > 1" in said) == (ne > 1), (split, ne, said)
+
+
+def test_ctrl_c_checkpoints_the_step_it_stops_at_and_resume_continues_there(
+    tmp_path: Path,
+) -> None:
+    """No periodic checkpoint is due (checkpoint_every 1000): Ctrl-C stops the run after the
+    step in progress and checkpoints that step, so nothing trained is lost; --resume starts
+    from it (its start record says so) and the interrupted steps are not trained twice."""
+    import signal
+    import time
+
+    cfg = write_config(tmp_path, run={"steps": 100_000, "checkpoint_every": 1000, "log_every": 1})
+    out = tmp_path / "run"
+    err_path = tmp_path / "stderr.txt"
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dlrm_vrgd.cli", "train", "--config", str(cfg), "--out",
+             str(out)],
+            stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 300
+            metrics = out / "metrics.jsonl"
+            while not (metrics.exists() and metrics.read_text().count('"kind":"train"') >= 3):
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    stderr = err_path.read_text()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    status = json.loads((out / "status.json").read_text())
+    step = status["step"]
+    assert status["state"] == "interrupted" and step >= 3
+    names = [p.name for p in (out / "checkpoints").glob("step_*")]
+    assert names == [f"step_{step:08d}"], names  # the interrupt's step: no periodic one was due
+    assert f"--resume continues from step_{step:08d}" in stderr
+    trained = [r["step"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
+    assert max(trained) == step  # every step it trained is in the checkpoint
+
+    resumed = cli(
+        "train", "--config", str(cfg), "--out", str(out), "--resume", "--set",
+        f"run.steps={step + 2}",
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    records = read_jsonl(out / "metrics.jsonl")
+    assert [r["start_step"] for r in records if r["kind"] == "start"] == [0, step]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, step + 3))

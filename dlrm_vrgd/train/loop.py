@@ -552,6 +552,18 @@ def stored_result(result: dict[str, Any], out: Path) -> RunResult:
     )
 
 
+def _checkpoint_at_interrupt(trainer: Trainer, out: Path) -> None:
+    """Checkpoint the step a run stopped after (Ctrl-C, SIGTERM), so that nothing trained is
+    lost. Safe only between steps: every rank stops after the same step (the stop is agreed on
+    at each step's end) and a step interrupted midway is never saved. A save that fails (a
+    full disk, weights not finite) is said and the older checkpoints stay."""
+    try:
+        trainer.save_checkpoint(out)
+        logger.info("checkpointed step %d at the interrupt", trainer.step)
+    except (OSError, ckpt.CheckpointError, NonFiniteError) as err:
+        logger.warning("could not checkpoint step %d at the interrupt: %s", trainer.step, err)
+
+
 def _resume_hint(out: Path) -> str:
     latest = ckpt.latest_checkpoint(out)
     if latest is None:
@@ -671,9 +683,14 @@ def train(
     checkpointing = bool(out) and (periodic or final_checkpoints)
     saved_step, saved_at = trainer.step, time.monotonic()
     stopped_early: dict[str, Any] | None = None
+    # an interrupt outside a step leaves every tensor at a step's end: it may be checkpointed
+    # (with several ranks, only the stop they agreed on: every rank is then past the same step)
+    in_step = agreed = False
     try:
         while trainer.step < trainer.total_steps:
+            in_step = True
             record = trainer.train_step()
+            in_step = False
             train_s += record["step_seconds"]
             losses.append(record["loss"])
             if sink and (record["step"] % run.log_every == 0 or record["step"] == 1):
@@ -702,7 +719,8 @@ def train(
                 assert out is not None
                 trainer.save_checkpoint(out)
                 saved_step, saved_at = trainer.step, time.monotonic()
-            if env.distributed and (sig := stop.requested(True)) is not None:
+            if (sig := stop.requested(env.distributed)) is not None:
+                agreed = True
                 raise KeyboardInterrupt(sig)  # every rank, after this same step
             if stopped_early is not None:
                 logger.info(
@@ -737,6 +755,9 @@ def train(
         if out and last_due and saved_step != trainer.step:
             trainer.save_checkpoint(out)
     except KeyboardInterrupt as err:
+        safe = not in_step and (agreed or not env.distributed)
+        if out is not None and safe and saved_step != trainer.step:
+            _checkpoint_at_interrupt(trainer, out)
         hint = _resume_hint(out) if out is not None else "it wrote no run directory"
         sig = str(err) if str(err).startswith("SIG") else "SIGINT"
         message = f"interrupted ({sig}) at step {trainer.step}; {hint}"

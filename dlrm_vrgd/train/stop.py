@@ -1,7 +1,9 @@
 """Stopping a run on Ctrl-C (SIGINT) or SIGTERM so that it can be resumed.
 
-One process: the signal raises :class:`KeyboardInterrupt` where the run is (as Python's own
-SIGINT handler does), and the loop records ``status.json: interrupted``.
+One process (``dlrm-vrgd train``): the first signal asks the run to stop after the step in
+progress, which the loop checkpoints (nothing trained is lost), records ``status.json:
+interrupted`` and ends; a second signal raises :class:`KeyboardInterrupt` at once, as Python's
+own SIGINT handler does (no checkpoint of a step cut midway).
 
 Several ranks: a rank interrupted mid-collective would leave the others waiting in it (or
 failing on a closed connection), so the signal only *requests* a stop; at the end of each
@@ -40,8 +42,12 @@ def _raise(signum: int, frame: Any) -> None:
 
 
 def _request(signum: int, frame: Any) -> None:
-    if not _requested:
-        logger.info("%s: stopping after this step", signal_name(signum))
+    if _requested:  # the second: at once (a launcher turns it into SIGKILL for its ranks)
+        raise KeyboardInterrupt(signal_name(signum))
+    logger.warning(
+        "%s: stopping after this step and checkpointing it (again: stop at once)",
+        signal_name(signum),
+    )
     _requested.append(signum)
 
 

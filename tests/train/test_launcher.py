@@ -120,6 +120,9 @@ def test_ctrl_c_or_sigterm_of_a_multi_rank_run_ends_it_resumably(
     assert status["state"] == "interrupted" and f"({name})" in status["message"]
     stopped = status["step"]
     assert _steps(run)[-1] == stopped  # both ranks stopped after the same, recorded step
+    # ... and checkpointed it at the interrupt: nothing trained is lost
+    assert (run / "checkpoints" / f"step_{stopped:08d}" / "rank1.pt").is_file()
+    assert f"--resume continues from step_{stopped:08d}" in stderr
     assert not [r for r in ranks if alive(r)]
 
     # and it resumes: a short run to the end from its newest checkpoint
