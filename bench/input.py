@@ -20,8 +20,13 @@ synthetic data, each with the input serial and with the default pipeline (one th
 CPU); the share of the step spent waiting for input (``data_wait_s`` over ``step_seconds``,
 the first step left out). Target: <= 5% from the day files with the pipeline on.
 
-    python bench/input.py [--micro-batch 8192] [--keys 48] [--workers 2] [--steps 5]
+    python bench/input.py [--micro-batch 65536] [--keys 12] [--workers 2] [--steps 5]
                           [--json PATH]
+
+The micro-batch of part 1 is the GPU's (64k rows: 8 synthetic chunks). A key's rows start
+wherever the stream is, so a micro-batch straddles one more source block than it covers; built
+by another worker than its neighbour, that block is generated twice: at 64k rows 9 chunks for
+8 (+12.5% of the synthetic CPU per row), at ``B = chunk_rows`` twice the work.
 """
 
 from __future__ import annotations
@@ -86,7 +91,9 @@ def criteo_tsv(path: Path, rows: int, seed: int = 0) -> None:
             f.write("\n".join(lines) + "\n")
 
 
-def sources(tmp: Path, rows: int, workers: int) -> tuple[dict[str, RowSource], dict[str, float]]:
+def sources(
+    tmp: Path, rows: int, criteo_rows: int, workers: int
+) -> tuple[dict[str, RowSource], dict[str, float]]:
     """The three train sources, and the generation's figures."""
     cfg = kaggle(rows, 65_536)
     live = build_splits(cfg.data).train
@@ -98,7 +105,7 @@ def sources(tmp: Path, rows: int, workers: int) -> tuple[dict[str, RowSource], d
         CriteoData(path=tmp / "generated", shuffle_block_rows=cfg.data.chunk_rows)  # type: ignore[union-attr]
     ).train
     raw = tmp / "criteo.tsv"
-    criteo_tsv(raw, rows)
+    criteo_tsv(raw, criteo_rows)
     preprocess(
         [raw],
         tmp / "criteo",
@@ -187,10 +194,11 @@ def trainer_wait(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--micro-batch", type=int, default=8192)
-    ap.add_argument("--keys", type=int, default=48, help="micro-batches per source and builder")
+    ap.add_argument("--micro-batch", type=int, default=65536)
+    ap.add_argument("--keys", type=int, default=12, help="micro-batches per source and builder")
     ap.add_argument("--workers", type=int, default=2, help="worker processes (and generation)")
-    ap.add_argument("--rows", type=int, default=400_000, help="rows of each source's train split")
+    ap.add_argument("--rows", type=int, default=800_000, help="train rows: synthetic, generated")
+    ap.add_argument("--criteo-rows", type=int, default=200_000, help="rows of the raw TSV")
     ap.add_argument("--train-micro-batch", type=int, default=4096)
     ap.add_argument("--k", type=int, default=8, help="micro-batches per training step")
     ap.add_argument("--steps", type=int, default=5, help="training steps measured (part 2)")
@@ -198,7 +206,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(threads())
     with tempfile.TemporaryDirectory(prefix="dlrm-vrgd-input-") as tmp:
-        srcs, generation = sources(Path(tmp), args.rows, args.workers)
+        srcs, generation = sources(Path(tmp), args.rows, args.criteo_rows, args.workers)
         print(
             f"generate: {generation['rows']:,} rows in {generation['seconds']:.1f} s "
             f"({generation['rows_per_s']:,.0f} rows/s, {args.workers} processes)"
@@ -254,6 +262,7 @@ def main() -> None:
             "keys": args.keys,
             "workers": args.workers,
             "rows": args.rows,
+            "criteo_rows": args.criteo_rows,
             "generate": generation,
             "sources": figures,
             "trainer": {

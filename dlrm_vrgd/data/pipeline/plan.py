@@ -95,7 +95,10 @@ def block_affinity(global_batch: int, micro_batch: int, block_rows: int) -> Call
     """Which worker should build a key: the index of the stretch of ``max(B, block_rows)``
     stream positions its first row falls in. Keys of one source block (a synthetic chunk, B
     below ``block_rows``) then go to the worker that already holds the block; larger
-    micro-batches take turns."""
+    micro-batches take turns. A key starts wherever the stream is, so it usually straddles
+    one more block than it covers, which its neighbour (another worker) reads too: for the
+    synthetic source that block is generated twice (+1/8 of the work at B = 8 chunks, twice
+    the work at B = one chunk; bench/input.py)."""
     span = max(micro_batch, block_rows)
 
     def affinity(key: Key) -> int:
