@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
-import json
 import os
 import re
 import stat
@@ -40,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dlrm_vrgd import safejson
 from dlrm_vrgd.serve.features import FeatureLayout
 from dlrm_vrgd.torch_model import LowRankCrossNet, mlp
 
@@ -195,10 +195,9 @@ def _read_json(path: Path) -> Any:
     if len(data) > _MAX_JSON_BYTES:
         raise ModelError(f"{path}: over {_MAX_JSON_BYTES >> 20} MiB, not a model file")
     try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:  # JSONDecodeError: position only, no text
-        where = f" (line {err.lineno} column {err.colno})" if hasattr(err, "lineno") else ""
-        raise ModelError(f"{path}: not valid UTF-8 JSON{where}") from None
+        return safejson.loads(data.decode("utf-8"))  # bounded nesting: ValueError only
+    except ValueError as err:  # the reason says where, never what (no text of the file)
+        raise ModelError(f"{path}: not valid UTF-8 JSON ({safejson.describe(err)})") from None
 
 
 def _manifest_problem(manifest: Any) -> str | None:
@@ -394,8 +393,29 @@ def _weights(path: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.T
         got = state[name]
         if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
             raise ModelError(f"{path}: tensor {name} is not {tuple(want.shape)} {want.dtype}")
-        if got.is_floating_point() and not bool(torch.isfinite(got).all()):
+        if got.is_floating_point() and not _all_finite(got):
             raise ModelError(f"{path}: tensor {name} holds NaN or infinite values")
+    return state
+
+
+def _all_finite(t: torch.Tensor, chunk: int = 1 << 22) -> bool:
+    """Every element finite, looked at ``chunk`` elements at a time (a table of any size is
+    checked with a few MB beside it; its memory-mapped pages are read, not copied)."""
+    flat = t.reshape(-1)
+    return all(
+        bool(torch.isfinite(flat[i : i + chunk]).all()) for i in range(0, flat.numel(), chunk)
+    )
+
+
+def _checked_state(model_dir: Path, arch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """``weights.pt``, memory-mapped, holding exactly ``arch``'s tensors, all finite, its
+    ``row_offsets`` the tables' starts (:class:`ModelError` otherwise)."""
+    with torch.device("meta"):  # shapes only: an architecture of any size costs nothing here
+        expected = ScoringModel(**arch).state_dict()
+    state = _weights(model_dir / WEIGHTS, expected)
+    starts = torch.tensor([0, *arch["table_rows"][:-1]], dtype=torch.int64).cumsum(0)
+    if not torch.equal(state["row_offsets"], starts):
+        raise ModelError(f"{model_dir / WEIGHTS}: row_offsets are not the tables' starts")
     return state
 
 
@@ -425,14 +445,18 @@ def load_features(
     model_dir: str | Path, verify: bool = True
 ) -> tuple[FeatureLayout, np.ndarray | None]:
     """The feature layout and vocab (or None) of a model directory, for a forward that does
-    not run the torch module (ONNX Runtime on ``model.onnx``): the manifest and every file's
+    not run the torch module (ONNX Runtime on ``model.onnx``): the whole directory checked as
+    :func:`load_scoring` checks it, whichever engine scores. The manifest and every file's
     size and SHA-256 verified (a tampered ``weights.pt`` or ``model.onnx`` is refused with the
-    same :class:`ModelError`), the JSON files and ``vocab.npy`` checked as
-    :func:`load_scoring` checks them, and ``weights.pt`` never loaded (no second copy of the
-    tables beside ONNX Runtime's)."""
+    same :class:`ModelError`), the JSON files and ``vocab.npy`` checked, and ``weights.pt``
+    held to the architecture's exact tensors, all finite, as the torch loader holds it: it is
+    memory-mapped and checked a few MB at a time, then let go (no second copy of the tables
+    beside ONNX Runtime's)."""
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir, verify)
-    return _read_features(model_dir, manifest, _read_arch(model_dir))
+    arch = _read_arch(model_dir)
+    _checked_state(model_dir, arch)  # checked, then let go (unmapped)
+    return _read_features(model_dir, manifest, arch)
 
 
 def load_scoring(
@@ -449,12 +473,7 @@ def load_scoring(
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir, verify)
     arch = _read_arch(model_dir)
-    with torch.device("meta"):  # shapes only: an architecture of any size costs nothing here
-        expected = ScoringModel(**arch).state_dict()
-    state = _weights(model_dir / WEIGHTS, expected)
-    starts = torch.tensor([0, *arch["table_rows"][:-1]], dtype=torch.int64).cumsum(0)
-    if not torch.equal(state["row_offsets"], starts):
-        raise ModelError(f"{model_dir / WEIGHTS}: row_offsets are not the tables' starts")
+    state = _checked_state(model_dir, arch)
     layout, vocab = _read_features(model_dir, manifest, arch)
     model = ScoringModel(**arch, meta_tables=True)  # the loaded tables are taken, not copied
     model.load_state_dict(state, assign=True)

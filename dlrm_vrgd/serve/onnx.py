@@ -26,9 +26,13 @@ ONNX Runtime's output on sample rows is compared with the eager module's.
 Loading (:class:`OnnxScorer`) verifies the model directory's manifest (every file's size and
 SHA-256, no links; a thread hashes the other files while the graph loads, and any failure is
 raised before the scorer is returned): an altered ``model.onnx`` (or ``weights.pt``, which
-ONNX Runtime scoring never loads) is refused with the ``ModelError`` the torch loader gives.
-ONNX Runtime gets the bytes that were hashed (a model without external data), or, with
-external data, the paths once every file is checked.
+``score`` also checks tensor by tensor, :func:`~dlrm_vrgd.serve.model.load_features`) is
+refused with the ``ModelError`` the torch loader gives. Every tensor of the graph (initializers,
+``Constant`` values and other node attributes, subgraphs of ``If``/``Loop``/``Scan``,
+functions) may name no external data but the listed ``NAME.onnx.data``. ONNX Runtime gets the
+bytes that were hashed (a model without external data), or, with external data, the paths once
+every file is checked; its errors (a graph it cannot load, inputs or an output of other types,
+a run that fails) are ``ModelError`` naming the file, never a traceback.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import os
 import re
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -253,6 +257,55 @@ def _verified_bytes(path: Path, meta: dict[str, Any]) -> bytes:
     return data
 
 
+def _graph_tensors(graph: Any) -> Iterator[Any]:
+    """Every tensor of a graph: initializers (sparse ones too) and node attributes (a
+    ``Constant``'s value, ...), subgraphs (``If``, ``Loop``, ``Scan`` bodies) included."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    for node in graph.node:
+        yield from _node_tensors(node)
+
+
+def _node_tensors(node: Any) -> Iterator[Any]:
+    for attr in node.attribute:
+        if attr.HasField("t"):
+            yield attr.t
+        yield from attr.tensors
+        if attr.HasField("sparse_tensor"):
+            yield from (attr.sparse_tensor.values, attr.sparse_tensor.indices)
+        for sparse in attr.sparse_tensors:
+            yield from (sparse.values, sparse.indices)
+        if attr.HasField("g"):
+            yield from _graph_tensors(attr.g)
+        for sub in attr.graphs:
+            yield from _graph_tensors(sub)
+
+
+def external_locations(proto: Any) -> set[str]:
+    """The external data files any tensor of the model names (its graph, every subgraph, every
+    node attribute, every function); a tensor marked external without a location counts as
+    ``""`` (never a listed file)."""
+    from onnx import TensorProto
+
+    tensors = list(_graph_tensors(proto.graph))
+    for function in proto.functions:
+        for node in function.node:
+            tensors += _node_tensors(node)
+    out = set()
+    for t in tensors:
+        where = [e.value for e in t.external_data if e.key == "location"]
+        if t.data_location == TensorProto.EXTERNAL or t.external_data:
+            out |= set(where) if where else {""}
+    return out
+
+
+def _ort_reason(err: Exception) -> str:
+    """ONNX Runtime's message, first line, bounded (it repeats node names, never data)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text[:300]}"
+
+
 class OnnxScorer:
     """ONNX Runtime on a model directory's ``model.onnx`` (``raw``: ``model_raw.onnx``):
     ``scorer(dense, sparse)`` -> probabilities, ``batch_rows`` rows a run."""
@@ -268,6 +321,7 @@ class OnnxScorer:
     ) -> None:
         model_dir = Path(model_dir)
         name = m.RAW_ONNX if raw else m.ONNX
+        self.name = name
         manifest = m.read_manifest(model_dir, verify=False)  # its shape; the files below
         if name not in manifest["files"]:
             raise m.ModelError(f"{model_dir}: no {name} (export it with --format onnx or all)")
@@ -310,9 +364,7 @@ class OnnxScorer:
         except Exception as err:  # DecodeError: not an ONNX protobuf
             raise m.ModelError(f"{path}: not an ONNX model ({type(err).__name__})") from None
         data_name = name + m.DATA_SUFFIX
-        locations = {
-            e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"
-        }
+        locations = external_locations(proto)
         names = [i.name for i in proto.graph.input], [o.name for o in proto.graph.output]
         del proto  # the parsed copy of the tables: gone before ONNX Runtime makes its own
         if locations - {data_name} or (locations and data_name not in manifest["files"]):
@@ -334,8 +386,32 @@ class OnnxScorer:
             providers = [("CUDAExecutionProvider", {"device_id": int(index)})]
         if locations:  # ORT reads the data file itself, by the graph's path: checked first
             checked()
-            return _session(path, threads, providers, spin=False)
-        return _session(data, threads, providers, spin=False)  # the bytes hashed above
+        try:  # with external data ORT reads the data file itself, by the graph's path
+            session = _session(path if locations else data, threads, providers, spin=False)
+        except Exception as err:  # onnxruntime's Fail, InvalidGraph, NotImplemented, ...
+            raise m.ModelError(
+                f"{path}: ONNX Runtime cannot load it ({_ort_reason(err)})"
+            ) from None
+        self._check_signature(path, session)
+        return session
+
+    def _check_signature(self, path: Path, session: Any) -> None:
+        """The graph takes what :meth:`__call__` feeds (``B x 13`` float32 or int64 dense,
+        ``B x 26`` int64 ids) and gives one float32 probability a row."""
+        dense_type = "tensor(int64)" if self.raw else "tensor(float)"
+        want = [(self.inputs[0], dense_type), (self.inputs[1], "tensor(int64)")]
+        got = [(i.name, i.type) for i in session.get_inputs()]
+        outputs = [(o.name, o.type) for o in session.get_outputs()]
+        shapes = [i.shape for i in session.get_inputs()]
+        if (
+            got != want
+            or outputs != [(OUTPUT, "tensor(float)")]
+            or any(len(shape) != 2 for shape in shapes)
+        ):
+            raise m.ModelError(
+                f"{path}: inputs are not {want[0][0]} ({want[0][1]}) and {want[1][0]} "
+                f"(tensor(int64)), both B x N, or the output is not {OUTPUT} (tensor(float))"
+            )
 
     def __call__(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
         out = np.empty(len(dense), dtype=np.float32)
@@ -348,7 +424,16 @@ class OnnxScorer:
                                                      dtype=np.int64 if self.raw else np.float32),
                 self.inputs[1]: np.ascontiguousarray(sparse[a : a + step], dtype=np.int64),
             }  # fmt: skip
-            out[a : a + step] = self.session.run(None, feed)[0]
+            try:
+                got = self.session.run(None, feed)[0]
+            except Exception as err:  # onnxruntime's InvalidArgument, RuntimeException, ...
+                raise m.ModelError(
+                    f"{self.name}: ONNX Runtime failed ({_ort_reason(err)})"
+                ) from None
+            n = min(step, len(dense) - a)
+            if not isinstance(got, np.ndarray) or got.size != n:
+                raise m.ModelError(f"{self.name}: gave {getattr(got, 'shape', '?')} for {n} rows")
+            out[a : a + n] = got.reshape(n)
         return out
 
     @property

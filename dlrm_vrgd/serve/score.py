@@ -18,7 +18,11 @@ flight), and scored ``batch_rows`` rows at a time by ONNX Runtime on ``model.onn
 the torch module (``engine``, :func:`predictor`); a writer thread (:class:`_Sink`, two blocks
 behind at most) appends the predictions to the output and the metrics. Reading, parsing, the
 model and writing overlap, and memory is bounded by the block size, not the input length.
-With ONNX Runtime, ``weights.pt`` is verified (its SHA-256, with every file) but not loaded.
+With ONNX Runtime, ``weights.pt`` is verified as the torch engine verifies it (its SHA-256,
+its exact tensors, all finite), memory-mapped and let go: the whole model directory is checked
+whichever engine scores. Gzip input is decompressed at most a block ahead
+(:mod:`dlrm_vrgd.serve.blocks`): a line too long after decompression stops the run with
+``FILE:LINE`` as it does uncompressed. A file given twice is refused.
 
 Output (CSV, or Parquet when the name ends in ``.parquet``/``.pq`` or ``fmt="parquet"``): one
 row per scored input row, in input order, with columns ``file``, ``line`` (the line in the raw
@@ -31,7 +35,6 @@ calibration) are computed on the fly (:class:`StreamingMetrics`) and written nex
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -51,8 +54,8 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import torch
 
+from dlrm_vrgd import safejson
 from dlrm_vrgd.data.criteo.format import (
-    BlockReader,
     CriteoFormatError,
     Format,
     LabelsMode,
@@ -68,6 +71,7 @@ from dlrm_vrgd.data.criteo.output import MANIFEST_FORMAT as DATA_FORMAT
 from dlrm_vrgd.data.criteo.parse import ParsedBlock, ParseOptions, parse_block
 from dlrm_vrgd.rundir import atomic_write_json
 from dlrm_vrgd.serve import model as m
+from dlrm_vrgd.serve.blocks import BoundedBlockReader
 from dlrm_vrgd.serve.features import FeatureError, FeatureMapper
 from dlrm_vrgd.serve.pipeline import prefetch
 
@@ -89,6 +93,8 @@ BLOCK_BYTES = 16 << 20
 #: of MB, large enough that per-piece costs are small.
 PIECE_BYTES = 4 << 20
 _BAD_ROW_EXAMPLES = 20
+#: Largest preprocessed ``manifest.json`` read.
+_MAX_MANIFEST_BYTES = 64 << 20
 _EPS = 1e-7  # probability clamp of the logloss (as dlrm_vrgd.metrics)
 _AUC_BITS = 20  # histogram bins: the top 20 bits of the probability's float32 pattern
 
@@ -279,13 +285,22 @@ def _is_days(path: Path, root: Path | None = None) -> bool:
         check_in_root(entry, root)
     try:
         with open_input(manifest, root) as f:
-            return json.loads(f.read()).get("format") == DATA_FORMAT
-    except (json.JSONDecodeError, UnicodeDecodeError):
+            data = f.read(_MAX_MANIFEST_BYTES + 1)
+    except OSError:
         return False
+    if len(data) > _MAX_MANIFEST_BYTES:
+        raise CriteoFormatError(f"{manifest}: over {_MAX_MANIFEST_BYTES >> 20} MiB, not a manifest")
+    try:
+        found = safejson.loads(data)
+    except safejson.JsonLimitError as err:
+        raise CriteoFormatError(f"{manifest}: not a data manifest ({err})") from None
+    except ValueError:  # not JSON at all: not a directory of day files
+        return False
+    return isinstance(found, dict) and found.get("format") == DATA_FORMAT
 
 
 def _first_block(path: Path, block_bytes: int, root: Path | None = None) -> tuple[bytes, bool]:
-    reader = BlockReader(path, block_bytes, root)
+    reader = BoundedBlockReader(path, block_bytes, root)
     first = next(iter(reader.blocks()), bytearray())
     return bytes(first), reader.gzip
 
@@ -299,15 +314,30 @@ def resolve_inputs(
 ) -> list[_Raw | _Days]:
     """Every input with its layout (raw) or manifest (days), in order. With ``root``, every
     file is checked to lie inside it (real path, no links), here and again when it is opened
-    (:func:`~dlrm_vrgd.data.criteo.format.open_input`)."""
+    (:func:`~dlrm_vrgd.data.criteo.format.open_input`). A file given twice (also through a
+    directory that holds it) is refused: its rows would be scored twice."""
     out: list[_Raw | _Days] = []
+    seen: dict[str, Path] = {}
+
+    def once(path: Path) -> None:
+        """Every row is scored once: a file (or day directory) named twice, directly or
+        through a directory that holds it, is refused."""
+        real = os.path.realpath(path)
+        if real in seen:
+            raise CriteoFormatError(
+                f"{path}: given twice (as {seen[real]}); every input row is scored once"
+            )
+        seen[real] = path
+
     for p in map(Path, paths):
         check_in_root(p, root)
         if _is_days(p, root):
+            once(p)
             with open_input(p / DATA_MANIFEST, root) as f:
-                out.append(_Days(p, json.loads(f.read())))
+                out.append(_Days(p, safejson.loads(f.read(_MAX_MANIFEST_BYTES + 1))))
             continue
         for f in expand_inputs([p], root):
+            once(f)
             first, gz = _first_block(f, block_bytes, root)
             if not first.strip():
                 raise CriteoFormatError(f"{f}: empty input")
@@ -425,8 +455,9 @@ def score(
         raise ValueError("--days and --split pick rows two ways: pass one")
     chosen = resolve_engine(model_dir, engine, device)
     if chosen == "onnxruntime":
-        # OnnxScorer verifies every file (model.onnx as it reads it); weights.pt is hashed, not
-        # loaded: ONNX Runtime holds the tables, once
+        # OnnxScorer verifies every file (model.onnx as it reads it); weights.pt is hashed,
+        # then checked memory-mapped as the torch loader checks it (load_features) and let
+        # go: ONNX Runtime holds the tables, once
         predict = predictor(model_dir, None, chosen, device, batch_rows, workers)
         layout, vocab = m.load_features(model_dir, verify=False)
     else:
@@ -656,7 +687,7 @@ def _score_raw(
 
     next_line = 1
     seen = 0
-    reader = BlockReader(src.path, block_bytes, src.root)
+    reader = BoundedBlockReader(src.path, block_bytes, src.root)
     pending: deque[tuple[Future[Any], int]] = deque()
 
     def consume() -> None:

@@ -11,6 +11,7 @@ One model per variant, trained and exported once per module (an ONNX export take
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -344,41 +345,57 @@ def test_both_engines_score_many_small_blocks_in_input_order(raw: Trained, tmp_p
         assert res.metrics is not None and res.metrics["rows"] == 3000
 
 
-def test_onnxruntime_scoring_verifies_weights_without_loading_them(
-    raw: Trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_onnxruntime_scoring_checks_weights_as_the_torch_loader_does(
+    raw: Trained, tmp_path: Path
 ) -> None:
-    """The onnxruntime engine hashes weights.pt with every other file but never loads it (ONNX
-    Runtime has the tables): an altered weights.pt is refused with the torch loader's error
-    (the CLI: exit 2, no output), and nothing of it is unpickled."""
-    from dlrm_vrgd.serve import model as m
-
+    """Issue 39 item 8: the whole model directory is checked whichever engine scores. An
+    altered weights.pt is refused by its SHA-256, and one the strict torch loader refuses
+    though its manifest agrees (a NaN in a table, a tensor added: an attacker who rewrites
+    both) is refused by the onnxruntime engine too, with the same error (the CLI: exit 2,
+    no output, no traceback)."""
     model = tmp_path / "model"
     shutil.copytree(raw.onnx, model)  # type: ignore[attr-defined]
     rows = tmp_path / "rows.tsv"
     rows.write_bytes(format_criteo_text(*make_rows(50, 2)))
-
-    def no_weights(*_: object) -> None:
-        raise AssertionError("weights.pt was loaded")
-
-    monkeypatch.setattr(m, "_weights", no_weights)
-    res = score(model, [rows], tmp_path / "p.csv", engine="onnxruntime", progress=False)
-    assert res.rows == 50
-    with pytest.raises(AssertionError, match="weights.pt was loaded"):  # the torch engine does
-        score(model, [rows], tmp_path / "q.csv", engine="torch", progress=False)
-    monkeypatch.undo()
+    assert score(model, [rows], tmp_path / "p.csv", engine="onnxruntime", progress=False).rows == 50
 
     weights = model / "weights.pt"
-    data = bytearray(weights.read_bytes())
+    good = weights.read_bytes()
+    data = bytearray(good)
     data[len(data) // 2] ^= 1
     weights.write_bytes(bytes(data))
     for engine in ("onnxruntime", "torch"):
         with pytest.raises(ModelError, match=r"weights\.pt: SHA-256 differs from the manifest"):
             score(model, [rows], tmp_path / "r.csv", engine=engine, progress=False)
+
+    (tmp_path / "good.pt").write_bytes(good)
+    state = torch.load(tmp_path / "good.pt", weights_only=True)
+    for tamper, why in (("nan", "holds NaN or infinite values"),
+                        ("extra", "its tensors are not those of model.json")):  # fmt: skip
+        bad = dict(state)
+        if tamper == "nan":
+            bad["weight"] = bad["weight"].clone()
+            bad["weight"][3, 1] = float("nan")
+        else:
+            bad["extra"] = torch.zeros(2)
+        torch.save(bad, weights)
+        rehash(model, "weights.pt")
+        for engine in ("onnxruntime", "torch"):
+            with pytest.raises(ModelError, match=why):
+                score(model, [rows], tmp_path / "r.csv", engine=engine, progress=False)
     proc = cli("score", "--model", str(model), "--input", str(rows), "--out",
                str(tmp_path / "s.csv"), "--engine", "onnxruntime", "--no-progress")  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert "weights.pt: SHA-256 differs from the manifest" in proc.stderr
+    assert "weights.pt: its tensors are not those of model.json" in proc.stderr
     assert not (tmp_path / "r.csv").exists() and not (tmp_path / "s.csv").exists()
+
+
+def rehash(model: Path, name: str) -> None:
+    """Make the manifest agree with ``name`` as it is now (an attacker who rewrites both)."""
+    manifest = json.loads((model / "manifest.json").read_text())
+    data = (model / name).read_bytes()
+    manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (model / "manifest.json").write_text(json.dumps(manifest))
 
 
 def test_scoring_memory_is_bounded_by_the_block_not_the_input_length(
