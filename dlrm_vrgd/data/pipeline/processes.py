@@ -199,7 +199,7 @@ class ProcessBuilder:
 
     def _worker_died(self, index: int) -> None:
         proc = self.procs[index]
-        proc.join(0)
+        proc.join(2.0)  # its pipes close before the kernel lets it be reaped: wait that moment
         with self._lock:
             held = [k for k, w in self._owner.items() if w == index]
             message = f"input worker {index} (pid {self.pids[index]}) {_exit_text(proc.exitcode)}"
