@@ -309,3 +309,32 @@ def test_a_study_on_generated_day_files_checks_their_rows_and_records_their_orac
     bigger = StudyConfig.model_validate({**study.model_dump(), "steps_at_largest": 8})
     with pytest.raises(ConfigError, match="fewer than the study's"):
         run_study(bigger, tmp_path / "bigger")
+
+
+def test_the_dry_run_is_the_registered_study_at_1_64_scale() -> None:
+    """bench/study_dryrun.py derives its config from the registered one: batches, rows,
+    evaluation sizes divided by 64; steps, LRs (base x rule(G / reference), both divided),
+    model, arms, grid, seeds, protocol and endpoints kept; labelled exploratory."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "study_dryrun", ROOT / "bench" / "study_dryrun.py"
+    )
+    assert spec and spec.loader
+    dryrun = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dryrun)
+    raw = yaml.safe_load((ROOT / "configs" / "study_gpu_512k.yaml").read_text())
+    raw_data = yaml.safe_load((ROOT / "configs" / "study_gpu_512k_data.yaml").read_text())
+    s, d = dryrun.scaled(raw, raw_data, 64, "runs/x")
+    gpu, dry = StudyConfig.model_validate(raw), StudyConfig.model_validate(s)
+    assert dry.exploratory and dry.preregistration is None
+    assert dry.batch_sizes == [g // 64 for g in gpu.batch_sizes]
+    assert d["data"]["train_rows"] == dry.train_rows == gpu.train_rows // 64
+    assert dry.primary_endpoints == gpu.primary_endpoints and dry.optimizers == gpu.optimizers
+    for a, b in zip(gpu.cells(), dry.cells(), strict=True):
+        ca, cb = gpu.cell_config(a), dry.cell_config(b)
+        assert (ca.run.steps, ca.optim.dense.lr, ca.optim.sparse.lr) == (
+            cb.run.steps, cb.optim.dense.lr, cb.optim.sparse.lr
+        )  # fmt: skip
+        assert ca.model == cb.model and cb.run.micro_batch * 64 == ca.run.micro_batch
+        assert cb.run.device == "cpu"
