@@ -75,3 +75,27 @@ def test_a_valid_config_round_trips_through_to_dict() -> None:
     assert cfg.to_dict()["run"]["mlflow"]["tracking_uri"] == "sqlite:////tmp/x.db"
     with pytest.raises(ConfigError, match="run.mlflow.tracking_uri"):
         tiny_config("run.mlflow={tracking_uri: 'http://h:5000/?x=1'}")  # no query string
+
+
+def test_redact_masks_the_environments_secret_values_in_every_form(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 39 item 6: a server that echoes the password, the Basic header or the token."""
+    import base64
+    import json
+    from urllib.parse import quote
+
+    password, token = "p@ss w0rd/é", "tok-9f8e7d6c5b4a"
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", token)
+    monkeypatch.setenv("DLRM_VRGD_MLFLOW_CREDENTIAL_SERVERS", "http://127.0.0.1:5000")
+    monkeypatch.setenv("SHORT_TOKEN", "abc")
+    basic = base64.b64encode(f"alice:{password}".encode()).decode()
+    for form in (password, quote(password, safe=""), json.dumps(password)[1:-1], basic, token):
+        assert redact(f"denied ({form}) at http://127.0.0.1:5000") == (
+            "denied (***) at http://127.0.0.1:5000"  # a setting that names no secret stays
+        )
+    assert redact("alice abc") == "alice abc"  # the user name alone and short values stay
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
+    assert redact(f"denied ({password})") == f"denied ({password})"  # follows the environment
