@@ -41,9 +41,10 @@ def job(api: LocalService, client: ServiceClient, http: httpx.Client) -> Iterato
 
 @pytest.fixture
 def outside(tmp_path: Path) -> Path:
-    """A host file the service's user can read, outside the data directory."""
+    """A host file the service's user can read, outside the data directory: one JSON line, so
+    that whatever reads it through a link (a log, a result, a record) would show it."""
     path = tmp_path / "host-file"
-    path.write_text(json.dumps({"secret": SECRET_LINE}) + "\n" + SECRET_LINE + "\n")
+    path.write_text(json.dumps({"secret": SECRET_LINE, "step": 1, "noise_scale": {}}) + "\n")
     return path
 
 
