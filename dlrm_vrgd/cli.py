@@ -301,7 +301,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    """Jobs of a running service (service/jobs_cli.py)."""
+    """Jobs of a running service (service/jobs_cli/)."""
     return run_service_command("jobs", args.jobs_args)
 
 
@@ -904,7 +904,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["jobs"]:  # its own parser (service/jobs_cli.py): every flag is its own
+    if argv[:1] == ["jobs"]:  # its own parser (service/jobs_cli/): every flag is its own
         return cmd_jobs(argparse.Namespace(jobs_args=argv[1:]))
     args = build_parser().parse_args(argv)
     logging.basicConfig(

@@ -20,6 +20,10 @@ import httpx
 
 API = "/api/v1"
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+#: Most bytes of one answer (or one event-stream line) the client reads: a server that sends
+#: more is refused (:class:`BadAnswer`), not buffered without end.
+MAX_ANSWER_BYTES = 64 << 20
+MAX_LINE_BYTES = 1 << 20
 
 
 class ApiError(RuntimeError):
@@ -29,6 +33,11 @@ class ApiError(RuntimeError):
         super().__init__(f"HTTP {status_code}: {detail}")
         self.status_code = status_code
         self.detail = detail
+
+
+class BadAnswer(RuntimeError):
+    """An answer that is not what the API documents (not JSON, too large, a stream line
+    without end): whoever answered is not a working dlrm-vrgd service."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,30 @@ def parse_sse(lines: Iterator[str]) -> Iterator[Event]:
         elif key == "data":
             data.append(value)
         elif key == "id":
-            event_id = int(value) if value.isdigit() else None
+            event_id = int(value) if value.isascii() and value.isdigit() else None
+
+
+def bounded_lines(chunks: Iterator[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[str]:
+    """The lines of a byte stream (``\n``, ``\r\n`` or ``\r`` ended, as event streams
+    allow), decoded as UTF-8; a line longer than ``limit`` bytes is :class:`BadAnswer`."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        while True:
+            cut = min((i for i in (pending.find(b"\n"), pending.find(b"\r")) if i >= 0), default=-1)
+            if cut < 0:
+                break
+            line, rest = pending[:cut], pending[cut + 1 :]
+            if pending[cut : cut + 1] == b"\r" and rest.startswith(b"\n"):
+                rest = rest[1:]
+            elif pending[cut : cut + 1] == b"\r" and not rest:
+                break  # a CR at a chunk's end: its LF may follow in the next one
+            pending = rest
+            yield line.decode("utf-8", errors="replace")
+        if len(pending) > limit:
+            raise BadAnswer(f"an event-stream line longer than {limit >> 20} MiB")
+    if pending:
+        yield pending.rstrip(b"\r").decode("utf-8", errors="replace")
 
 
 class ServiceClient:
@@ -86,17 +118,52 @@ class ServiceClient:
     def url(self, path: str) -> str:
         return f"{self.base_url}{API}{path}"
 
+    def _read(self, method: str, path: str, **kwargs: Any) -> tuple[int, bytes]:
+        """(status, body) of one request, the body read up to :data:`MAX_ANSWER_BYTES`."""
+        with self.http.stream(method, f"{API}{path}", **kwargs) as response:
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > MAX_ANSWER_BYTES:
+                    raise BadAnswer(
+                        f"{method} {path}: the answer is larger than {MAX_ANSWER_BYTES >> 20} MiB"
+                    )
+            return response.status_code, bytes(body)
+
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self.http.request(method, f"{API}{path}", **kwargs)
-        if response.status_code >= 400:
+        status, body = self._read(method, path, **kwargs)
+        if status >= 400:
             try:
-                detail = response.json().get("detail")
-            except ValueError:
-                detail = response.text
-            raise ApiError(response.status_code, detail)
-        if response.status_code == 204:
+                decoded = json.loads(body)
+            except (ValueError, RecursionError):
+                decoded = body.decode("utf-8", errors="replace")
+            detail = decoded.get("detail") if isinstance(decoded, dict) else decoded
+            raise ApiError(status, detail)
+        if status == 204:
             return None
-        return response.json()
+        if status != 200 and status != 201:
+            raise BadAnswer(f"{method} {path}: status {status}, not an answer of the API")
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError) as err:
+            raise BadAnswer(
+                f"{method} {path}: the answer is not JSON ({type(err).__name__})"
+            ) from None
+
+    def _text(self, path: str, **params: Any) -> tuple[str, Any]:
+        """A text answer and its headers (ApiError for 4xx/5xx)."""
+        with self.http.stream("GET", f"{API}{path}", params=params) as response:
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > MAX_ANSWER_BYTES:
+                    raise BadAnswer(
+                        f"GET {path}: the answer is larger than {MAX_ANSWER_BYTES >> 20} MiB"
+                    )
+            text = bytes(body).decode("utf-8", errors="replace")
+            if response.status_code >= 400:
+                raise ApiError(response.status_code, text)
+            return text, response.headers
 
     # ---------------------------------------------------------------------------- calls
     def health(self) -> dict[str, Any]:
@@ -147,8 +214,9 @@ class ServiceClient:
     def result(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"/jobs/{job_id}/result")
 
-    def artifacts(self, job_id: str) -> dict[str, Any]:
-        return self._json("GET", f"/jobs/{job_id}/artifacts")
+    def artifacts(self, job_id: str, **params: Any) -> dict[str, Any]:
+        """The job's files (``prefix=`` keeps those under a folder)."""
+        return self._json("GET", f"/jobs/{job_id}/artifacts", params=params)
 
     def download(self, job_id: str, path: str) -> bytes:
         response = self.http.get(f"{API}/jobs/{job_id}/artifacts/{path}")
@@ -164,10 +232,29 @@ class ServiceClient:
         return response.content
 
     def logs(self, job_id: str, tail: int = 100) -> str:
-        response = self.http.get(f"{API}/jobs/{job_id}/logs", params={"tail": tail})
-        if response.status_code >= 400:
-            raise ApiError(response.status_code, response.text)
-        return response.text
+        return self._text(f"/jobs/{job_id}/logs", tail=tail)[0]
+
+    def log_chunk(self, job_id: str, offset: int) -> tuple[str, int]:
+        """The log's whole lines from byte ``offset`` (up to the server's chunk) and the
+        offset to ask from next (``X-Log-Offset``)."""
+        text, headers = self._text(f"/jobs/{job_id}/logs", offset=offset)
+        nxt = headers.get("X-Log-Offset", "")
+        if not (nxt.isascii() and nxt.isdigit()) or int(nxt) < offset:
+            raise BadAnswer(f"GET /jobs/{job_id}/logs: X-Log-Offset {nxt[:40]!r} is not an offset")
+        return text, int(nxt)
+
+    def follow_log(self, job_id: str, offset: int) -> Iterator[str]:
+        """The log's new text from byte ``offset`` as it comes, until the job has ended."""
+        with self.http.stream(
+            "GET",
+            f"{API}/jobs/{job_id}/logs",
+            params={"offset": offset, "follow": "true"},
+            timeout=httpx.Timeout(self.http.timeout.connect, read=None),
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise ApiError(response.status_code, response.text[:2000])
+            yield from response.iter_text()
 
     def wait(self, job_id: str, timeout: float = 300.0, poll: float = 0.25) -> dict[str, Any]:
         """Poll until the job is finished; the final job (TimeoutError after ``timeout``)."""
@@ -197,7 +284,7 @@ class ServiceClient:
                     if response.status_code >= 400:
                         response.read()
                         raise ApiError(response.status_code, response.text)
-                    for event in parse_sse(response.iter_lines()):
+                    for event in parse_sse(bounded_lines(response.iter_bytes())):
                         if event.id is not None:
                             last = event.id
                         yield event

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from dlrm_vrgd.config import TrainConfig, load_config
-from service.client import ApiError, Event, ServiceClient
+from service.client import ApiError, ServiceClient
 from service.launcher import LaunchError, LocalService
 
 #: The VRGD counterpart of each optimizer (DESIGN.md 4.2, 4.3).
@@ -41,52 +41,6 @@ def _fmt(value: Any, spec: str = ".4f") -> str:
     if isinstance(value, int | float) and math.isfinite(value):
         return format(value, spec)
     return "-"
-
-
-class LiveLine:
-    """A tqdm bar fed by the job's events."""
-
-    def __init__(self, total: int | None) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit="step", file=sys.stderr, dynamic_ncols=True, desc="job")
-        self.loss: float | None = None
-        self.rows_per_s: float | None = None
-        self.auc: str = "-"
-        self.gsnr_dense: float | None = None
-        self.gsnr_tables: float | None = None
-
-    def on_event(self, event: Event) -> None:
-        data = event.data if isinstance(event.data, dict) else {}
-        if event.event == "metrics" and data.get("kind") == "train":
-            step = data.get("step")
-            if isinstance(step, int) and step > self.bar.n:
-                self.bar.update(step - self.bar.n)
-            self.loss = data.get("loss")
-            self.rows_per_s = data.get("rows_per_s")
-            if data.get("gsnr_ratio") is not None:
-                self.gsnr_dense = data["gsnr_ratio"]
-        elif event.event == "metrics" and data.get("kind") == "eval":
-            self.auc = (
-                f"{data.get('split', '?')} AUC {_fmt(data.get('auc'))}"
-                f" (oracle {_fmt(data.get('oracle_auc'))})"
-            )
-        elif event.event == "gsnr":
-            ratios = [t["ratio"] for t in data.get("tables") or [] if t.get("ratio") is not None]
-            if ratios:
-                self.gsnr_tables = sum(ratios) / len(ratios)
-        else:
-            return
-        gsnr = "GSNR -"
-        if self.gsnr_dense is not None or self.gsnr_tables is not None:
-            dense, tables = _fmt(self.gsnr_dense, ".3f"), _fmt(self.gsnr_tables, ".3f")
-            gsnr = f"GSNR {dense} dense/{tables} tables"
-        rows = f"{self.rows_per_s / 1000:.1f}k rows/s" if self.rows_per_s else "- rows/s"
-        auc = self.auc if self.auc != "-" else "AUC -"
-        self.bar.set_postfix_str(f"loss {_fmt(self.loss)} | {auc} | {gsnr} | {rows}", refresh=True)
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 def print_result(result: dict[str, Any]) -> None:
@@ -114,7 +68,9 @@ def dashboard_url(base_url: str, job_id: str) -> str:
 
 
 def _follow(client: ServiceClient, job: dict[str, Any]) -> dict[str, Any]:
-    live = LiveLine(job["progress"].get("total_steps"))
+    from service.follow import FollowLine  # plain lines off a terminal: no tqdm redraws
+
+    live = FollowLine(job["progress"].get("total_steps"))
     try:
         for event in client.events(job["id"]):
             live.on_event(event)

@@ -151,9 +151,13 @@ def test_resubmit_resumes_a_cancelled_job_from_its_checkpoint(
     wait_for(lambda: any(ckpts.glob("step_*")), timeout=180)
     client.cancel(job_id)
     first = wait_for(lambda: (j := client.job(job_id))["state"] == "cancelled" and j, timeout=60)
-    again = jobs("resubmit", job_id, env=env_of(svc))
+    # the cancel (SIGTERM) stopped it after a step and checkpointed that step
+    stopped = json.loads((ckpts.parent / "status.json").read_text())["step"]
+    assert (ckpts / f"step_{stopped:08d}").is_dir()
+    again = jobs("resubmit", job_id[:6], env=env_of(svc))  # a unique prefix of the id
     assert again.returncode == 0, again.stderr
-    assert again.stdout.startswith(f"resubmitted job {job_id} (long): queued")
+    assert again.stdout.startswith(f"resubmitted job {job_id} (long): queued; it resumes from "
+                                   f"step {stopped}, its newest checkpoint")  # fmt: skip
     twice = jobs("resubmit", job_id, env=env_of(svc))  # queued now: not resubmittable
     assert twice.returncode == 1 and "409" in twice.stderr
 
@@ -166,7 +170,7 @@ def test_resubmit_resumes_a_cancelled_job_from_its_checkpoint(
     job = wait_for(second_attempt_trains, timeout=180)
     assert [a["attempt"] for a in job["attempts"]] == [1, 2]
     resumed = job["attempts"][1]["resumed_from_step"]
-    assert resumed is not None and resumed > 0 and resumed % 3 == 0
+    assert resumed == stopped
     assert job["error"] is None and job["exit_code"] is None
     client.cancel(job_id)
     wait_for(lambda: client.job(job_id)["state"] == "cancelled", timeout=60)
@@ -210,3 +214,114 @@ def test_tags_group_jobs_and_bad_tags_are_422(
     body = {"name": "x", "config": tiny_job(), "tags": [f"t{i}" for i in range(21)]}
     too_many = client.http.post("/api/v1/jobs", json=body)
     assert too_many.status_code == 422 and "tags" in too_many.text
+
+
+def test_resubmit_of_a_job_without_a_checkpoint_says_it_starts_from_step_0(
+    tmp_path: Path, start_service: Callable[..., LocalService]
+) -> None:
+    svc = start_service(DLRM_VRGD_MAX_CONCURRENT_JOBS="0")  # it stays queued: never trains
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_job()))
+    job_id = jobs("submit", str(config), env=env_of(svc)).stdout.split()[3]
+    assert jobs("cancel", job_id, env=env_of(svc)).returncode == 0
+    again = jobs("resubmit", job_id, env=env_of(svc))
+    assert again.returncode == 0, again.stderr
+    assert "it has no checkpoint (stopped before its first): it starts again from step 0" in (
+        again.stdout
+    )
+
+
+def test_whole_ids_prefixes_options_after_the_command_and_the_401_hint(
+    tmp_path: Path,
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+) -> None:
+    svc = start_service(DLRM_VRGD_MAX_CONCURRENT_JOBS="0")  # jobs stay queued
+    client = client_of(svc)
+    ids = [client.submit(f"j{i}", tiny_job())["id"] for i in range(3)]
+    listed = jobs("list", env=env_of(svc))
+    assert listed.returncode == 0, listed.stderr
+    for job_id in ids:  # whole ids, as `jobs status` takes them
+        assert any(line.split()[0] == job_id for line in listed.stdout.splitlines()), listed.stdout
+    status = jobs("status", ids[0][:5], env=env_of(svc))
+    if sum(i.startswith(ids[0][:5]) for i in ids) == 1:
+        assert status.returncode == 0 and f"id:           {ids[0]}" in status.stdout
+    shared = os.path.commonprefix(ids[:2])  # maybe "": every id starts with it
+    ambiguous = jobs("status", shared or "", env=env_of(svc))
+    assert ambiguous.returncode == 2 and "Traceback" not in ambiguous.stderr
+    nothing = jobs("status", "zz", env=env_of(svc))
+    assert nothing.returncode == 2 and "no job has the id zz" in nothing.stderr
+    hostile = jobs("status", "../../health", env=env_of(svc))
+    assert hostile.returncode == 2 and "is not a job id" in hostile.stderr
+
+    # --url and --token-file after the subcommand, as before it
+    token_file = tmp_path / "token"
+    token_file.write_text(svc.token + "\n")
+    for argv in (
+        ["list", "--url", svc.base_url, "--token-file", str(token_file)],
+        ["--url", svc.base_url, "list", "--token-file", str(token_file)],
+        ["--url", svc.base_url, "--token-file", str(token_file), "status", ids[1]],
+        ["status", ids[1], "--url", svc.base_url, "--token-file", str(token_file)],
+    ):
+        done = jobs(*argv)
+        assert done.returncode == 0, (argv, done.stderr)
+
+    # no token: the 401 says how to give one
+    no_token = jobs("list", "--url", svc.base_url)
+    assert no_token.returncode == 1
+    assert "--token-file" in no_token.stderr and "DLRM_VRGD_TOKEN" in no_token.stderr
+
+
+def test_ctrl_c_on_a_follow_and_a_closed_pipe_end_without_a_traceback(
+    tmp_path: Path,
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+) -> None:
+    import signal
+    import time
+
+    svc = start_service()
+    client = client_of(svc)
+    job = client.submit("long", long_job())
+    wait_for(lambda: (client.job(job["id"])["progress"].get("step") or 0) >= 2, timeout=120)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DLRM_VRGD_")}
+    env = {**clean, "XDG_CONFIG_HOME": "/nonexistent", **env_of(svc)}
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "dlrm_vrgd.cli", "jobs", "logs", job["id"], "--follow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )  # fmt: skip
+    time.sleep(3)  # it prints the tail and waits for more
+    follow.send_signal(signal.SIGINT)
+    out, err = follow.communicate(timeout=30)
+    assert follow.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "step " in out  # the log's tail came first
+    for i in range(30):  # enough jobs that --json is longer than a pipe's buffer
+        client.submit(f"more{i}", tiny_job())
+    piped = subprocess.run(
+        f"{sys.executable} -m dlrm_vrgd.cli jobs list --json --limit 40 | head -n 1",
+        shell=True, capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert piped.stdout == "{\n" and "Traceback" not in piped.stderr, piped.stderr
+    assert piped.stderr == "", piped.stderr
+    client.cancel(job["id"])
+
+
+def test_logs_follow_prints_the_tail_then_each_new_line_once_and_plain_progress(
+    tmp_path: Path,
+    start_service: Callable[..., LocalService],
+    client_of: Callable[[LocalService], ServiceClient],
+) -> None:
+    svc = start_service()
+    client = client_of(svc)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_job(steps=30, log_every=1)))
+    done = jobs("submit", str(config), "--follow", env=env_of(svc))
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split()[3]
+    # off a terminal the follow line writes whole lines, no carriage-return redraws
+    assert "\r" not in done.stderr and "step 30/30 loss" in done.stderr, done.stderr
+    follow = jobs("logs", job_id, "--follow", "--tail", "5", env=env_of(svc))
+    assert follow.returncode == 0, follow.stderr
+    whole = client.logs(job_id, tail=10_000)
+    assert follow.stdout == "".join(whole.splitlines(keepends=True)[-5:])
