@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from service.jobs.files import JobFiles, tail_lines
+from service.jobs.reading import JobFileError
 from service.jobs.store import Job
 
 Phase = Literal["pending", "running", "ended", "unknown"]
@@ -126,8 +127,13 @@ class Backend(abc.ABC):
         """The job's phase now."""
 
     def log_iter(self, handle: Handle, files: JobFiles, lines: int) -> Iterator[str]:
-        """The last ``lines`` lines of the job's log (stdout and stderr of every process)."""
-        yield from tail_lines(files.log, lines)
+        """The last ``lines`` lines of the job's log (stdout and stderr of every process); a
+        log the service will not read (a link, a FIFO) is one line saying so."""
+        try:
+            found = tail_lines(files.log, lines, files.root)
+        except JobFileError as err:
+            found = [f"({err.message})"]
+        yield from found
 
     def explain(self, handle: Handle, files: JobFiles) -> list[str]:
         """Lines that say why a failed job failed (which node, which error), for its reason."""

@@ -275,3 +275,24 @@ def test_a_job_slurmctld_forgot_is_read_from_the_jobcomp_file(tmp_path: Path) ->
     assert backend._jobcomp_record("1") == ("FAILED", 4)
     assert backend._jobcomp_record("12") == ("TIMEOUT", -15)
     assert backend._jobcomp_record("2") is None
+
+
+@pytest.mark.parametrize("plant", ["fifo", "link"])
+def test_a_log_the_service_will_not_read_is_one_line_in_a_jobs_reason(
+    tmp_path: Path, plant: str
+) -> None:
+    """A job's error quotes its last log lines: a FIFO (which a read would wait on forever) or a
+    link planted as train.log is named instead of read."""
+    import os
+
+    backend = LocalBackend(Settings(data_dir=tmp_path))
+    files = JobFiles(tmp_path / "jobs" / "0123456789abcdef")
+    files.root.mkdir(parents=True)
+    (tmp_path / "host.txt").write_text("HOST-SECRET\n")
+    if plant == "fifo":
+        os.mkfifo(files.log)
+    else:
+        files.log.symlink_to(tmp_path / "host.txt")
+    lines = list(backend.log_iter(None, files, 20))  # type: ignore[arg-type]
+    why = "a FIFO" if plant == "fifo" else "a symbolic link"
+    assert lines == [f"(train.log: {why}; refused)"]
