@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -663,6 +664,14 @@ def cmd_show_config(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The ``--set`` help of the commands that read a TrainConfig.
+SET_HELP = (
+    "override a config value, e.g. --set run.steps=100 or --set optim.dense.lr=0.1 "
+    "(repeatable; the value is YAML: null, [64, 16]; run.steps replaces the file's "
+    "run.epochs and the other way round)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dlrm-vrgd", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -675,7 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
             action="append",
             default=[],
             metavar="KEY=VALUE",
-            help="override a config value, e.g. optim.dense.lr=0.1 (repeatable)",
+            help=SET_HELP,
         )
 
     t = sub.add_parser("train", help="train a model; writes a run directory")
@@ -690,7 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser(
         "demo", help="train configs/demo.yaml through the service; AUC beside the oracle"
     )
-    d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     d.add_argument("--data-dir", help="service data directory (default runs/service)")
     d.add_argument("--port", type=int, help="service port (default: a free one)")
     d.add_argument("--keep-serving", action="store_true", help="keep the service running after")
@@ -744,7 +753,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="raw files, or directories (their files in natural order); one day each",
     )
     pp.add_argument("--out", required=True, help="output directory (appears when complete)")
-    pp.add_argument("--format", choices=["auto", "tsv", "csv"], default="auto")
+    pp.add_argument(
+        "--format",
+        choices=["auto", "tsv", "csv"],
+        default="auto",
+        help="tab- or comma-separated inputs (auto: from the first line)",
+    )
     pp.add_argument("--max-rows-per-table", metavar="N[,N...]", help="ids -> id %% N (1 or 26)")
     pp.add_argument(
         "--frequency-threshold",
@@ -824,7 +838,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="of a preprocessed directory, score the rows the model's config used as this split",
     )
     sc.add_argument("--format", choices=["auto", "tsv", "csv"], default="auto", help="inputs")
-    sc.add_argument("--labels", choices=["auto", "yes", "no"], default="auto")
+    sc.add_argument(
+        "--labels",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="do raw rows start with a label (40 fields, as train.txt) or not (39, as "
+        "test.txt)? auto: a header naming Label, else the first row's field count; with "
+        "labels, logloss / AUC / NE go to --metrics",
+    )
     sc.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows, count them")
     sc.add_argument("--metrics", help="metrics file with labels (default OUT.metrics.json)")
     sc.add_argument("--batch-rows", type=int, default=16_384, help="rows per forward pass")
@@ -852,7 +873,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     st.add_argument("dir", nargs="?", metavar="DIR", help="with report: a study directory")
     st.add_argument("--config", help="YAML StudyConfig (see configs/study_*.yaml)")
-    st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    st.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a study config value, e.g. --set base.run.steps=50 (repeatable)",
+    )
     st.add_argument("--out", help="study directory (default runs/study-NAME)")
     st.add_argument(
         "--budget-s",
@@ -899,7 +926,54 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="print the resolved config")
     with_config(c, required=False)
     c.set_defaults(fn=cmd_show_config)
+    for name, parser in sub.choices.items():
+        if name in EXAMPLES:
+            parser.description = parser.description or textwrap.fill(EXAMPLES[name][0], 88)
+            parser.epilog = "examples:\n" + "\n".join(f"  {e}" for e in EXAMPLES[name][1:])
+            parser.formatter_class = argparse.RawDescriptionHelpFormatter
     return p
+
+
+#: Each subcommand's description and example lines (``dlrm-vrgd CMD -h``).
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "train": (
+        "Train a model from a YAML config; writes a run directory (metrics.jsonl, gsnr.jsonl, "
+        "checkpoints of the last and the best step, result.json).",
+        "dlrm-vrgd train --config configs/demo.yaml --out runs/demo",
+        "dlrm-vrgd train --config configs/demo.yaml --set run.steps=50 --out runs/short",
+        "dlrm-vrgd train --config configs/demo.yaml --out runs/demo --resume",
+    ),
+    "preprocess": (
+        "Raw Criteo logs (Kaggle train.txt / test.txt, 1TB day_N, CSV, gzip) into npy day "
+        "files and a manifest.json.",
+        "dlrm-vrgd preprocess --input data/criteo_10k.txt --out data/criteo_small "
+        "--max-rows-per-table 10000 --split 0.8,0.1,0.1",
+    ),
+    "generate": (
+        "The synthetic data of a config written as Criteo day files (npy), read like real "
+        "data (data.source: criteo). `score` reads raw text or preprocessed directories, not "
+        "these.",
+        "dlrm-vrgd generate --config configs/demo.yaml --out data/demo_days",
+    ),
+    "export": (
+        "A run's checkpoint (the newest, --step N, or --best) as a model directory that "
+        "scores without the trainer.",
+        "dlrm-vrgd export --run runs/criteo_small --best --out models/criteo_small",
+        "dlrm-vrgd export --run runs/demo --out models/demo --format onnx",
+    ),
+    "score": (
+        "Click probabilities of raw Criteo rows (or preprocessed day files) from an exported "
+        "model; with labels, also logloss, AUC and NE.",
+        "dlrm-vrgd score --model models/criteo_small --input data/criteo_10k.txt "
+        "--out predictions.csv",
+        "dlrm-vrgd score --model models/criteo_small --input data/criteo_small --split test "
+        "--out test.parquet",
+    ),
+    "config": (
+        "The config as the trainer reads it: every default filled in, --set applied.",
+        "dlrm-vrgd config --config configs/criteo_small.yaml --set run.steps=30",
+    ),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -241,6 +241,10 @@ class ModelConfig(_Section):
     #: Tables on FBGEMM's TBE kernels (torchrec), or plain PyTorch (no torchrec, no FBGEMM; one
     #: process).
     embedding_backend: Literal["fbgemm", "torch"] = "fbgemm"
+    #: How the tables' weights are stored: `fp32`, or `fp16` (FBGEMM's weights_precision: half
+    #: the memory and lookup bandwidth; writes rounded stochastically; the Adagrad sums, the
+    #: lookups and every GSNR sum stay float32). fbgemm backend only.
+    embedding_precision: Literal["fp32", "fp16"] = "fp32"
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -251,6 +255,11 @@ class ModelConfig(_Section):
             )
         if self.over_arch[-1] != 1:
             raise ValueError(f"over_arch must end with 1 (one logit), got {self.over_arch}")
+        if self.embedding_precision != "fp32" and self.embedding_backend != "fbgemm":
+            raise ValueError(
+                f"embedding_precision {self.embedding_precision} needs embedding_backend: fbgemm "
+                "(the torch backend's tables are float32)"
+            )
         return self
 
 
@@ -661,8 +670,15 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> TrainConfig:
         raise ConfigError(format_validation_error(err, source)) from None
 
 
+#: Keys of which a config holds one at most: an override of one replaces the other where it
+#: came from the file (``--set run.steps=30`` on a config with ``epochs``).
+EXCLUSIVE = {"run.steps": "run.epochs", "run.epochs": "run.steps"}
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides; values are YAML scalars or flow collections."""
+    """Apply ``a.b.c=value`` overrides; values are YAML scalars or flow collections. An
+    override of one of :data:`EXCLUSIVE` drops its partner (unless an override sets it too)."""
+    keys = {item.partition("=")[0] for item in overrides}
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
@@ -679,6 +695,14 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 raise ConfigError(f"override {key}: {part} is not a section")
             node = child
         node[parts[-1]] = value
+        partner = EXCLUSIVE.get(key)
+        if partner is not None and value is not None and partner not in keys:
+            *where, name = partner.split(".")
+            section = raw
+            for part in where:
+                section = section.get(part) if isinstance(section, dict) else None
+            if isinstance(section, dict):
+                section.pop(name, None)
     return raw
 
 
@@ -702,7 +726,77 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read a YAML config (or the defaults when ``path`` is None) and apply overrides."""
+    """Read a YAML config (or the defaults when ``path`` is None) and apply overrides. A
+    mistake is blamed where it is: a field an override set is named with its ``--set``, one
+    of the file with the file; an unknown key gets the nearest known one ("did you mean")."""
+    overrides = overrides or []
     raw = read_yaml_mapping(path) if path is not None else {}
-    raw = apply_overrides(raw, overrides or [])
-    return parse_config(raw, "config" if path is None else str(path))
+    raw = apply_overrides(raw, overrides)
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as err:
+        source = "config" if path is None else str(path)
+        raise ConfigError(_blamed(err, source, overrides)) from None
+
+
+def _blamed(err: ValidationError, source: str, overrides: list[str]) -> str:
+    """The errors of a config read from ``source`` with ``overrides``, each under the
+    override that set its field (``--set KEY=VALUE: field: message``) or the file."""
+    by_override, by_file = [], []
+    for e in err.errors():
+        name = error_field(e["loc"]) or "<root>"
+        message = e["msg"]
+        if e["type"] == "extra_forbidden":
+            near = nearest_key(e["loc"])
+            message += f" (an unknown key; did you mean {near}?)" if near else " (an unknown key)"
+        item = next((o for o in overrides if _covers(o.partition("=")[0], name)), None)
+        if item is not None:
+            by_override.append(f"  --set {item}: {name}: {message}")
+        else:
+            by_file.append(f"  {name}: {message}")
+    head = f"invalid {source}:" if by_file else "invalid --set override:"
+    return "\n".join([head, *by_file, *by_override])
+
+
+def _covers(key: str, name: str) -> bool:
+    """Whether an override of ``key`` set the field ``name`` (or a section holding it, or a
+    field of the section it names)."""
+    return key == name or name.startswith(key + ".") or key.startswith(name + ".")
+
+
+#: The tags pydantic puts into an error's location for the members of ``data``.
+_UNION_TAGS: dict[str, type[BaseModel]] = {"synthetic": SyntheticData, "criteo": CriteoData}
+
+
+def nearest_key(loc: tuple[Any, ...] | list[Any]) -> str | None:
+    """The known key closest to the unknown one at ``loc`` (dotted), if one is close."""
+    import difflib
+    import types
+    import typing
+
+    models: list[type[BaseModel]] = [TrainConfig]
+    path = [p for p in loc if isinstance(p, str)]
+    kept: list[str] = []
+    for part in path[:-1]:
+        if part in _UNION_TAGS or _is_union_tag(part):
+            tagged = [m for m in models if _UNION_TAGS.get(part) is m]
+            models = tagged or models
+            continue
+        nxt: list[type[BaseModel]] = []
+        for model in models:
+            info = model.model_fields.get(part)
+            if info is None:
+                continue
+            todo: list[Any] = [info.annotation]
+            while todo:
+                t = todo.pop()
+                if isinstance(t, type) and issubclass(t, BaseModel):
+                    nxt.append(t)
+                elif isinstance(t, types.UnionType) or typing.get_origin(t) is not None:
+                    todo.extend(typing.get_args(t))
+        if not nxt:
+            return None
+        models, kept = nxt, [*kept, part]
+    names = sorted({f for m in models for f in m.model_fields})
+    found = difflib.get_close_matches(path[-1], names, n=1, cutoff=0.6) if path else []
+    return ".".join([*kept, found[0]]) if found else None

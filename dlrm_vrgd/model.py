@@ -100,11 +100,14 @@ def build_model(
         from dlrm_vrgd.torch_model import TorchClickModel
 
         return TorchClickModel(cfg, cardinalities, num_dense, device)
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 
     dim = cfg.model.embedding_dim
+    data_type = DataType.FP16 if cfg.model.embedding_precision == "fp16" else DataType.FP32
     tables = [
-        EmbeddingBagConfig(name=t, embedding_dim=dim, num_embeddings=n, feature_names=[f])
+        EmbeddingBagConfig(
+            name=t, embedding_dim=dim, num_embeddings=n, feature_names=[f], data_type=data_type
+        )
         for t, f, n in table_specs(cardinalities)
     ]
     if for_sharding:
@@ -116,6 +119,12 @@ def build_model(
 
         sparse = cfg.optim.sparse
         embeddings = FbgemmEmbeddingBagCollection(
-            tables, sparse.kernel, lr=sparse.lr, eps=sparse.eps, device=device, seed=cfg.run.seed
+            tables,
+            sparse.kernel,
+            lr=sparse.lr,
+            eps=sparse.eps,
+            device=device,
+            seed=cfg.run.seed,
+            precision=cfg.model.embedding_precision,
         )
     return ClickModel(cfg.model, embeddings, num_dense, device)

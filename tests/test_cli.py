@@ -288,3 +288,54 @@ def test_ctrl_c_checkpoints_the_step_it_stops_at_and_resume_continues_there(
     records = read_jsonl(out / "metrics.jsonl")
     assert [r["start_step"] for r in records if r["kind"] == "start"] == [0, step]
     assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, step + 3))
+
+
+def test_set_steps_over_a_files_epochs_and_a_misspelt_set_through_the_cli(
+    tmp_path: Path,
+) -> None:
+    cfg = write_config(tmp_path, run={"epochs": 3, "steps": None})
+    done = cli("config", "--config", str(cfg), "--set", "run.steps=30")
+    assert done.returncode == 0, done.stderr
+    run = yaml.safe_load(done.stdout)["run"]
+    assert run["steps"] == 30 and run["epochs"] is None
+    bad = cli("train", "--config", str(cfg), "--set", "run.stepz=30", "--out", str(tmp_path / "r"))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "--set run.stepz=30: run.stepz:" in bad.stderr and "did you mean run.steps?" in (
+        bad.stderr
+    )
+    assert not (tmp_path / "r").exists()
+
+
+def test_every_option_says_what_it_does_and_the_main_commands_show_examples() -> None:
+    import argparse
+
+    from dlrm_vrgd.cli import EXAMPLES, build_parser
+    from service.jobs_cli import build_parser as jobs_parser
+
+    def parsers(p: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+        found = [(p.prog, p)]
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    found += parsers(child)
+        return found
+
+    missing = [
+        f"{prog} {'/'.join(a.option_strings) or a.dest}"
+        for prog, p in parsers(build_parser()) + parsers(jobs_parser())
+        for a in p._actions
+        if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction) and a.help is None
+    ]
+    assert not missing, missing
+    for name in ("train", "export", "score", "preprocess"):
+        assert name in EXAMPLES
+        shown = cli(name, "-h")
+        assert shown.returncode == 0 and "examples:" in shown.stdout
+        assert f"dlrm-vrgd {name} " in shown.stdout.split("examples:")[1]
+    labels = cli("score", "-h").stdout
+    assert "do raw rows start with a label" in " ".join(labels.split())
+    states = subprocess.run(
+        [sys.executable, "-m", "dlrm_vrgd.cli", "jobs", "list", "-h"],
+        capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    assert "queued, running, succeeded, failed, cancelled" in " ".join(states.split())

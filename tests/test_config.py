@@ -140,3 +140,51 @@ def test_missing_config_file(tmp_path: Path) -> None:
 def test_round_trip_through_dict() -> None:
     cfg = parse_config(tiny_config_dict())
     assert parse_config(cfg.to_dict()) == cfg
+
+
+def _yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_set_of_steps_replaces_the_files_epochs_and_the_other_way_round(
+    tmp_path: Path,
+) -> None:
+    """`--set run.steps=30` on a config with `epochs` (configs/criteo_small.yaml) runs 30
+    steps, not an error asking for `run.epochs=null`; likewise epochs over a file's steps.
+    Both set on the command line is still the user's mistake, blamed on the overrides."""
+    epochs = _yaml(tmp_path, "run:\n  epochs: 3\n")
+    cfg = load_config(epochs, ["run.steps=30"])
+    assert (cfg.run.steps, cfg.run.epochs) == (30, None)
+    steps = _yaml(tmp_path, "run:\n  steps: 7\n")
+    cfg = load_config(steps, ["run.epochs=0.5"])
+    assert (cfg.run.steps, cfg.run.epochs) == (None, 0.5)
+    shipped = load_config(REPO / "configs" / "criteo_small.yaml", ["run.steps=30"])
+    assert shipped.run.steps == 30 and shipped.run.epochs is None
+    with pytest.raises(ConfigError) as err:
+        load_config(epochs, ["run.steps=30", "run.epochs=2"])
+    assert "--set" in str(err.value) and "not both" in str(err.value)
+    assert str(epochs) not in str(err.value).splitlines()[0]  # the file is not to blame
+
+
+def test_set_mistakes_are_blamed_on_the_override_with_a_suggestion(tmp_path: Path) -> None:
+    path = _yaml(tmp_path, "run:\n  epochs: 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["run.stepz=30"])
+    message = str(err.value)
+    assert "--set run.stepz=30" in message and "did you mean run.steps?" in message, message
+    assert f"invalid {path}" not in message
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["optim.dense.lrr=0.1"])
+    assert "--set optim.dense.lrr=0.1" in str(err.value) and "did you mean optim.dense.lr?" in (
+        str(err.value)
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["run.global_batch=-1"])
+    assert "--set run.global_batch=-1: run.global_batch:" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # a file's own mistake stays the file's
+        load_config(_yaml(tmp_path, "data:\n  source: criteo\n  pathh: x\n"), ["run.steps=2"])
+    message = str(err.value)
+    assert "data.pathh" in message and "did you mean data.path?" in message, message
+    assert "--set run.steps=2" not in message

@@ -19,7 +19,7 @@ import logging
 import math
 
 import torch
-from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
@@ -36,6 +36,9 @@ from dlrm_vrgd.embedding.views import RowSpaceView
 from dlrm_vrgd.malloc import released
 
 logger = logging.getLogger(__name__)
+
+#: ``model.embedding_precision`` -> FBGEMM's ``weights_precision``.
+WEIGHTS_PRECISION: dict[str, SparseType] = {"fp32": SparseType.FP32, "fp16": SparseType.FP16}
 
 FUSED_OPTIMIZERS: dict[str, EmbOptimType] = {
     "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
@@ -158,6 +161,7 @@ class TableLoopView(RowSpaceView):
         self.device = lookup.device
         self.weights = None
         self.states = None
+        self.salt = 0
         self._lookup = lookup
         self._bounds = torch.tensor(space.offsets[1:-1], dtype=torch.int64, device=self.device)
         logger.warning(
@@ -169,9 +173,6 @@ class TableLoopView(RowSpaceView):
     @property
     def has_states(self) -> bool:
         return self._lookup.kernel != "sgd"
-
-    def rounded(self, values: torch.Tensor) -> torch.Tensor:
-        return values
 
     def _parts(self, rows: torch.Tensor, tensors: list[torch.Tensor]):  # type: ignore[no-untyped-def]
         ix = self.table_index(rows)
@@ -185,13 +186,17 @@ class TableLoopView(RowSpaceView):
             out[sel] = w.index_select(0, local).float()
         return out
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._lookup.table_weights()[self.space.tables[0]].dtype
+
     def add_(self, rows: torch.Tensor, values: torch.Tensor) -> None:
-        for sel, local, w in self._parts(rows, self._lookup.table_weights()):
-            w.index_add_(0, local, values[sel].to(w.dtype))
+        self.put_(rows, self.gather(rows) + values)
 
     def put_(self, rows: torch.Tensor, values: torch.Tensor) -> None:
+        values = self._stored(rows, values)
         for sel, local, w in self._parts(rows, self._lookup.table_weights()):
-            w.index_copy_(0, local, values[sel].to(w.dtype))
+            w.index_copy_(0, local, values[sel])
 
     def gather_states(self, rows: torch.Tensor) -> torch.Tensor | None:
         if not self.has_states:
@@ -245,6 +250,7 @@ def space_view(
         learning_rate=tbe.get_learning_rate(),
         eps=tbe.optimizer_args.eps,
         pooling_mode=PoolingMode.SUM,
+        weights_precision=tbe.weights_precision,
         preallocated_host_buffers=buffers,
     )
 
@@ -390,6 +396,10 @@ class FbgemmEmbeddingBagCollection(nn.Module):
         is_weighted: whether the input KJT carries per-id weights.
         device: ``cpu`` or ``cuda``.
         seed: weights are drawn by :func:`table_init` (``None``: from the global RNG).
+        precision: how the weights are stored: ``"fp32"`` or ``"fp16"`` (FBGEMM's
+            ``weights_precision``; the row-wise Adagrad sums stay float32, the lookups' output
+            and its gradients float32, and the fused kernels round their writes
+            stochastically).
     """
 
     def __init__(
@@ -401,10 +411,13 @@ class FbgemmEmbeddingBagCollection(nn.Module):
         is_weighted: bool = False,
         device: torch.device | str = "cpu",
         seed: int | None = None,
+        precision: str = "fp32",
     ) -> None:
         super().__init__()
         if not tables:
             raise ValueError("at least one embedding table is required")
+        if precision not in WEIGHTS_PRECISION:
+            raise ValueError(f"precision must be one of {sorted(WEIGHTS_PRECISION)}: {precision!r}")
         if optimizer not in FUSED_OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {sorted(FUSED_OPTIMIZERS)}: {optimizer!r}")
         poolings = {t.pooling for t in tables}
@@ -432,6 +445,7 @@ class FbgemmEmbeddingBagCollection(nn.Module):
             eps=eps,
             pooling_mode=pooling,
             device=device,
+            weights_precision=WEIGHTS_PRECISION[precision],
         )
         with torch.no_grad():
             for i, (t, w) in enumerate(

@@ -14,6 +14,14 @@ pure-PyTorch tables), the view is a plain ``size x D`` tensor. Otherwise (tables
 between them) row ``g`` of table ``i`` starts at element ``base[i] + g·D``, with one ``base`` per
 table kept on the device, and the ops go through element indices (``U x D`` of them): slower, but
 still one op per space.
+
+Tables held in float16 (``model.embedding_precision: fp16``) are read as float32 and written
+back by :func:`stochastic_round`: rounded up or down with the probabilities that make the
+expected weight the float32 one, as FBGEMM's fused kernels write them. A step smaller than half
+an fp16 ulp of its weight (a relative 4.9e-4) then moves the weight on average instead of never;
+GSNR's damped rows (steps down to ``γ`` of the plain one) depend on it. The rounding draws are a
+hash of ``(salt, element)``, not of a generator's state: the optimizer salts them with its seed
+and step, so a resumed run writes what the uninterrupted one did.
 """
 
 from __future__ import annotations
@@ -22,6 +30,44 @@ import torch
 from torch import Tensor
 
 from dlrm_vrgd.embedding.capture import RowSpace
+
+_MASK53 = (1 << 53) - 1
+
+
+def _mix(x: Tensor) -> Tensor:
+    """SplitMix64's finalizer on int64 (wrapping arithmetic; logical shifts by masking)."""
+
+    def shr(v: Tensor, k: int) -> Tensor:
+        return (v >> k) & ((1 << (64 - k)) - 1)
+
+    x = x + -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
+    x = (x ^ shr(x, 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9
+    x = (x ^ shr(x, 27)) * -7723592293110705685  # 0x94D049BB133111EB
+    return x ^ shr(x, 31)
+
+
+def uniform_hash(keys: Tensor, salt: int) -> Tensor:
+    """A float64 in ``[0, 1)`` per int64 key, a fixed function of ``(salt, key)``."""
+    mixed = _mix(_mix(keys.to(torch.int64) ^ int(_mix(torch.tensor(salt)))))
+    return ((mixed >> 11) & _MASK53).to(torch.float64) * 2.0**-53
+
+
+def stochastic_round(values: Tensor, dtype: torch.dtype, keys: Tensor, salt: int) -> Tensor:
+    """``values`` (float32) in ``dtype`` (float16 or bfloat16), each rounded to the neighbour
+    below or above with probability given by its distance to the other (so the expected result
+    is the value), the draws :func:`uniform_hash` of ``keys`` (one int64 per value) and ``salt``.
+    Float32 and exactly representable values pass unchanged; infinities and NaN as a cast does."""
+    if dtype == torch.float32:
+        return values
+    near = values.to(dtype)
+    above = near.float() > values
+    low = torch.where(above, torch.nextafter(near, near.new_tensor(-float("inf"))), near)
+    high = torch.nextafter(low, low.new_tensor(float("inf")))
+    span = high.float() - low.float()
+    p = ((values - low.float()) / span).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    up = uniform_hash(keys, salt).to(p.device) < p.double()
+    out = torch.where(up, high, low)
+    return torch.where(torch.isfinite(values) & torch.isfinite(span), out, near)
 
 
 class RowSpaceView:
@@ -52,6 +98,8 @@ class RowSpaceView:
         self.device = weights.device
         flat = weights.detach().reshape(-1)
         self._weights_flat = flat
+        #: The draws of this step's stochastic rounding (float16 tables; set by the optimizer).
+        self.salt = 0
         offsets = space.offsets
         w_base = [start - offsets[i] * self.dim for i, start in enumerate(weight_starts)]
         #: ``size x D`` view where the tables are back to back, else None
@@ -104,22 +152,39 @@ class RowSpaceView:
             return self.weights.index_select(0, rows).float()
         return self._weights_flat[self._elements(rows)].float()
 
-    def rounded(self, values: Tensor) -> Tensor:
-        """``values`` as the weights' buffer stores them (float32 again)."""
-        dtype = self._weights_flat.dtype
-        return values if dtype == values.dtype else values.to(dtype).float()
+    @property
+    def dtype(self) -> torch.dtype:
+        """How the weights are stored (float32, or float16 tables)."""
+        return self._weights_flat.dtype
+
+    def rounded(self, values: Tensor, rows: Tensor) -> Tensor:
+        """``values`` (float32, of global ``rows``) as a write stores them, in float32 again."""
+        if self.dtype == torch.float32:
+            return values
+        return self._stored(rows, values).float()
+
+    def _stored(self, rows: Tensor, values: Tensor) -> Tensor:
+        """``values`` in the buffers' dtype: stochastically rounded (keyed by global row and
+        column, :func:`stochastic_round`) below float32."""
+        if self.dtype == torch.float32:
+            return values.to(torch.float32)
+        keys = rows[:, None] * self.dim + torch.arange(self.dim, device=rows.device)
+        return stochastic_round(values.float(), self.dtype, keys, self.salt)
 
     def add_(self, rows: Tensor, values: Tensor) -> None:
-        """Add ``values`` (``U x D``) to the weights of global ``rows`` (unique)."""
-        values = values.to(self._weights_flat.dtype)
-        if self.weights is not None:
-            self.weights.index_add_(0, rows, values)
+        """Add ``values`` (``U x D``) to the weights of global ``rows`` (unique); below float32
+        the sum is taken in float32 and written stochastically rounded."""
+        if self.dtype != torch.float32:
+            self.put_(rows, self.gather(rows) + values)
+        elif self.weights is not None:
+            self.weights.index_add_(0, rows, values.float())
         else:
-            self._weights_flat.index_add_(0, self._elements(rows).reshape(-1), values.reshape(-1))
+            flat = values.float().reshape(-1)
+            self._weights_flat.index_add_(0, self._elements(rows).reshape(-1), flat)
 
     def put_(self, rows: Tensor, values: Tensor) -> None:
         """Write ``values`` (``U x D``) as the weights of global ``rows`` (unique)."""
-        values = values.to(self._weights_flat.dtype)
+        values = self._stored(rows, values)
         if self.weights is not None:
             self.weights.index_copy_(0, rows, values)
         else:

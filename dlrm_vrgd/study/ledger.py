@@ -33,18 +33,22 @@ LEDGER = "cells.jsonl"
 _TRACKING_KEYS = ("tensorboard", "mlflow", "heap_release", "input")
 
 
-#: run keys added after cells were recorded, with the value every earlier cell trained at: a
-#: cell's digest leaves them out at that value (a cell at another value is another cell)
-_ADDED_KEYS = {"precision": "fp32"}
+#: keys added after cells were recorded, with the value every earlier cell trained at: a cell's
+#: digest leaves them out at that value (a cell at another value is another cell)
+_ADDED_KEYS = {("run", "precision"): "fp32", ("model", "embedding_precision"): "fp32"}
 
 
 def _untracked(config: dict[str, Any]) -> dict[str, Any]:
-    run = {
-        k: v
-        for k, v in config.get("run", {}).items()
-        if k not in _TRACKING_KEYS and not (k in _ADDED_KEYS and v == _ADDED_KEYS[k])
-    }
-    return {**config, "run": run}
+    out = dict(config)
+    for section in ("run", "model"):
+        if isinstance(config.get(section), dict):
+            out[section] = {
+                k: v
+                for k, v in config[section].items()
+                if not (section == "run" and k in _TRACKING_KEYS)
+                and not ((section, k) in _ADDED_KEYS and v == _ADDED_KEYS[section, k])
+            }
+    return out
 
 
 def cell_config(study: StudyConfig, cell: Cell) -> dict[str, Any]:

@@ -202,6 +202,7 @@ class Trainer:
                 else None
             ),
             groups_per_collect=self.env.world_size,
+            seed=run.seed,
         )
         #: The gradient noise scale (DESIGN.md 4.6): groups of B rows, updated every step.
         self.noise = NoiseScale(run.micro_batch, run.noise_scale_beta)

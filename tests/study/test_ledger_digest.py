@@ -1,20 +1,27 @@
-"""A cell's config digest leaves out the run keys added after cells were recorded while they
-hold the value those cells trained at (``run.precision: fp32``), and keeps them otherwise."""
+"""A cell's config digest leaves out the keys added after cells were recorded while they hold
+the value those cells trained at (``run.precision``, ``model.embedding_precision``: fp32), and
+keeps them otherwise."""
 
 from __future__ import annotations
 
 import copy
 
+import pytest
+
 from dlrm_vrgd.config import TrainConfig
 from dlrm_vrgd.study.ledger import config_digest
 
 
-def test_precision_at_fp32_is_left_out_and_bf16_is_another_cell() -> None:
+@pytest.mark.parametrize(
+    ("section", "key", "other"),
+    [("run", "precision", "bf16"), ("model", "embedding_precision", "fp16")],
+)
+def test_precision_at_fp32_is_left_out_and_another_is_another_cell(section, key, other) -> None:
     config = TrainConfig().to_dict()
     older = copy.deepcopy(config)
-    del older["run"]["precision"]  # a cell recorded before the key existed
-    assert config["run"]["precision"] == "fp32"
+    del older[section][key]  # a cell recorded before the key existed
+    assert config[section][key] == "fp32"
     assert config_digest(config) == config_digest(older)
-    bf16 = copy.deepcopy(config)
-    bf16["run"]["precision"] = "bf16"
-    assert config_digest(bf16) != config_digest(config)
+    changed = copy.deepcopy(config)
+    changed[section][key] = other
+    assert config_digest(changed) != config_digest(config)

@@ -175,6 +175,8 @@ class SparseRowwiseOptimizer:
             (:mod:`~dlrm_vrgd.optim.sparse.accumulate`): ``"slot"`` folds each group in as it
             comes (memory: the touched rows), ``"merge"`` keeps the groups and merges them at
             the step (no read-back to the host); ``"auto"``: slot on a CPU, merge elsewhere.
+        seed: salts the stochastic rounding of float16 tables' writes, with the step's number
+            (:func:`~dlrm_vrgd.embedding.views.stochastic_round`).
     """
 
     def __init__(
@@ -191,6 +193,7 @@ class SparseRowwiseOptimizer:
         cowclip: CowClip | None = None,
         groups_per_collect: int = 1,
         accumulate: Accumulate = "auto",
+        seed: int = 0,
     ) -> None:
         if lr < 0:
             raise ValueError(f"Invalid learning rate: {lr}")
@@ -218,6 +221,9 @@ class SparseRowwiseOptimizer:
         self.chunk_rows = chunk_rows
         self.cowclip = cowclip
         self.groups_per_collect = groups_per_collect
+        self.seed = seed
+        #: Steps applied so far (with ``seed``, the salt of this step's rounding draws).
+        self.updates = 0
         self.record_rows = False
         #: Measure the realised step ratio ‖actual step‖ / ‖plain step‖ per row in the next
         #: step (off by default: the trainer sets it on the steps whose GSNR it records).
@@ -297,6 +303,8 @@ class SparseRowwiseOptimizer:
             layout = lookup.capture.layout
             n_tables = len(layout.table_dims)
             views = lookup.space_views()
+            for s, view in enumerate(views):  # this step's rounding draws (float16 tables)
+                view.salt = hash((self.seed, self.updates, li, s)) & ((1 << 62) - 1)
             fig = TableFigures(lookup.table_names, lookup.device)
             if self.gsnr:
                 fig.constants["placement"] = self.placement
@@ -333,6 +341,7 @@ class SparseRowwiseOptimizer:
         else:
             self._noise = None
         self.k = 0
+        self.updates += 1
 
     def noise_pieces(self) -> NoisePieces | None:
         """Per table, ``|ḡ|²`` and ``mean_d |g_d|²`` over the last step's touched rows
@@ -516,12 +525,14 @@ class SparseRowwiseOptimizer:
             "placement": self.placement if self.gsnr else None,
             "cowclip": asdict(self.cowclip) if self.cowclip is not None else None,
             "ema": [[(s.clone(), q.clone()) for s, q in tables] for tables in self._ema],
+            "updates": self.updates,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the LR and the EMA state; CowClip keeps no state of its own (its counts are
         the step's own ids, and its row norms are the table's weights)."""
         self.param_groups = [dict(g) for g in state["param_groups"]]
+        self.updates = int(state.get("updates", 0))  # older checkpoints: fp32 tables only
         ema = state.get("ema", [])
         if self._ema and not ema:
             raise ValueError("the saved sparse optimizer has no EMA state to resume from")

@@ -87,7 +87,7 @@ def scaled_rowwise_step(
         view.add_(rows, delta)
         return None
     before = view.gather(rows)
-    after = view.rounded(before + delta)  # what the write stores
+    after = view.rounded(before + delta, rows)  # what the write stores
     view.put_(rows, after)
     actual = torch.linalg.vector_norm(after.sub_(before), dim=1)
     assert plain is not None
