@@ -3,10 +3,12 @@
 One command on a CUDA host (<= 8 minutes on one H200), in sections, each a function of its
 own (:data:`SECTIONS`; ``--only`` picks some):
 
-1. ``agreement``: the pure-PyTorch embedding backend and dense VRGD on the device agree with
-   the CPU: the same model (torch backend, VR-LAMB dense + GSNR row-wise Adagrad sparse)
-   trained for a few steps on both, losses / dense parameters / tables compared; then each VR
-   optimizer alone on random gradient groups.
+1. ``agreement``: the device against the CPU from identical weights, step by step
+   (bench/device_agreement.py: the device takes the CPU trainer's whole state before every
+   step; losses and dense layers to float32 precision; every table row held to the difference
+   its row-wise step may show given the two devices' own mean gradients and ratios, with a
+   breakdown per table), on FBGEMM's tables when they import; then each VR optimizer alone on
+   random gradient groups.
 2. ``throughput``: the Kaggle-sized DLRM (configs/synthetic_kaggle.yaml) at 8 x 64k rows a
    step, plain (AdamW + row-wise Adagrad) and VR (VR-Adam + GSNR row-wise Adagrad), on
    FBGEMM's tables when ``fbgemm_gpu`` and torchrec import (the pure-PyTorch tables when not),
@@ -14,6 +16,12 @@ own (:data:`SECTIONS`; ``--only`` picks some):
    input pipeline from day files written by ``dlrm-vrgd generate`` (*npy*), and from live
    synthetic data (*live*). One table: s / step, rows/s, the share of the model-bound rate,
    ``data_wait_s`` per step and peak memory. Targets: npy >= 0.9 x model-bound, live >= 0.5 x.
+3. ``breakdown``: where a model-bound 8 x 64k step's time goes, plain beside VR, the device
+   synchronised around each part (bench/step_breakdown.py). Target: VR / plain <= 1.10.
+4. ``nvidia``: NVIDIA's DLRM shape on Kaggle (configs/nvidia_dlrm_kaggle.yaml: 33.8M table
+   rows x 128, MLPs 512-256-128 / 1024-1024-512-256-1) at batch 64k, model-bound, plain, in
+   fp32, tf32 and bf16, and bf16 with fp16 tables. NVIDIA's figure: 4.02M rows/s on one A100
+   (AMP); target >= 4.02M with bf16.
 
     python bench/gpu_check.py                          # the real check (--device cuda)
     python bench/gpu_check.py --device cpu --quick     # the same code paths, small, on a CPU
@@ -41,6 +49,7 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 # torchrec's import trips torch.fx's "is_fx_tracing" notice; it says nothing about our runs
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
@@ -48,17 +57,6 @@ from dlrm_vrgd.config import TrainConfig, load_config, parse_config  # noqa: E40
 from dlrm_vrgd.optim.vrgd import VRLAMB, VRLARS, VRSGD, VRAdam  # noqa: E402
 from dlrm_vrgd.train.loop import Trainer  # noqa: E402
 
-CHECK = [
-    "model.embedding_backend=torch",
-    "optim.dense.name=vrlamb",
-    "optim.dense.lr=0.01",
-    "optim.sparse.name=gsnr_rowwise_adagrad",
-    "optim.sparse.gamma=0.2",
-    "run.global_batch=8192",
-    "run.micro_batch=1024",
-    "run.epochs=null",
-    "run.steps=100",
-]
 OPTIMIZERS = {
     "plain": ["optim.dense.name=adamw", "optim.sparse.name=rowwise_adagrad"],
     "VR": ["optim.dense.name=vradam", "optim.sparse.name=gsnr_rowwise_adagrad"],
@@ -67,36 +65,7 @@ OPTIMIZERS = {
 TARGETS = {"npy": 0.9, "live": 0.5}
 
 
-def trainer(device: str, overrides: list[str], config: str = "demo.yaml") -> Trainer:
-    cfg = load_config(REPO / "configs" / config, [*overrides, f"run.device={device}"])
-    return Trainer(cfg)
-
-
 # -------------------------------------------------------------------- 1. agreement
-def check_model(device: str, steps: int) -> list[str]:
-    cpu, dev = trainer("cpu", CHECK), trainer(device, CHECK)
-    problems = []
-    try:
-        for s in range(steps):
-            a, b = cpu.train_step()["loss"], dev.train_step()["loss"]
-            if abs(a - b) > 1e-4 * abs(a):
-                problems.append(f"step {s + 1}: loss cpu {a:.6f} vs {device} {b:.6f}")
-    finally:
-        cpu.close_input()
-        dev.close_input()
-    for (name, p), (_, q) in zip(
-        cpu.model.named_dense_parameters(), dev.model.named_dense_parameters(), strict=True
-    ):
-        err = float((p.detach() - q.detach().cpu()).abs().max())
-        if err > 1e-3 * max(1.0, float(p.detach().abs().max())):
-            problems.append(f"dense {name}: max |cpu - {device}| = {err:.2e}")
-    for a, b in zip(cpu.lookups[0].table_weights(), dev.lookups[0].table_weights(), strict=True):
-        err = float((a - b.cpu()).abs().max())
-        if err > 1e-3:
-            problems.append(f"table: max |cpu - {device}| = {err:.2e}")
-    return problems
-
-
 def check_optimizers(device: str) -> list[str]:
     problems = []
     for cls in (VRSGD, VRAdam, VRLARS, VRLAMB):
@@ -120,13 +89,17 @@ def check_optimizers(device: str) -> list[str]:
 
 def section_agreement(args: argparse.Namespace) -> dict[str, Any]:
     """1: the device against the CPU; ``ok`` False on any mismatch."""
-    print(f"== agreement: the torch backend and dense VRGD on {args.device} vs the CPU")
-    problems = check_model(args.device, steps=2 if args.quick else 3)
-    problems += check_optimizers(args.device)
-    for p in problems:
+    from device_agreement import compare, print_report
+
+    print(f"== agreement: {embedding_backend()} tables and dense VRGD on {args.device} vs the CPU")
+    tables, problems = compare(args.device, steps=2 if args.quick else 3)
+    print_report(tables, problems, args.device)
+    optimizers = check_optimizers(args.device)
+    for p in optimizers:
         print("MISMATCH", p)
-    print("agreement with CPU:", "FAILED" if problems else "ok")
-    return {"ok": not problems, "problems": problems}
+    print("VR optimizers alone:", "FAILED" if optimizers else "ok")
+    problems += optimizers
+    return {"ok": not problems, "problems": problems, "tables": tables}
 
 
 # ------------------------------------------------------------------- 2. throughput
@@ -281,9 +254,109 @@ def print_throughput(rows: dict[str, dict[str, float]], device: str) -> None:
             print("  ".join("-" * w for w in widths))
 
 
+# -------------------------------------------------------------------- 3. breakdown
+def section_breakdown(args: argparse.Namespace) -> dict[str, Any]:
+    """3: a model-bound step's parts, plain and VR (bench/step_breakdown.py)."""
+    from step_breakdown import PARTS, breakdown
+
+    backend = embedding_backend()
+    micro, k = (1024, 8) if args.quick else (65536, 8)
+    print(f"\n== breakdown: Kaggle-sized DLRM on {args.device}, {k} x {micro:,}, {backend} tables")
+    out: dict[str, Any] = {}
+    for optim in OPTIMIZERS:
+        t = Trainer(kaggle(args.device, backend, micro, k, 4 * k * micro, optim))
+        try:
+            out[optim] = breakdown(t, steps=2 if args.quick else 3)
+        finally:
+            t.close_input()
+            del t
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+    head = ["part", "plain s", "VR s", "VR / plain"]
+    rows = [
+        [p, f"{out['plain'][p]:.4f}", f"{out['VR'][p]:.4f}",
+         f"{out['VR'][p] / max(out['plain'][p], 1e-9):.2f}"]
+        for p in [*PARTS, "sum of parts", "whole"]
+    ]  # fmt: skip
+    print_rows(head, rows)
+    ratio = out["VR"]["whole"] / out["plain"]["whole"]
+    verdict = "met" if ratio <= 1.1 else "NOT met"
+    print(f"VR / plain, whole step: {ratio:.2f} (target <= 1.10: {verdict})")
+    out["vr_over_plain"] = ratio
+    return out
+
+
+# -------------------------------------------------------------------- 4. nvidia
+NVIDIA_A100_ROWS_PER_S = 4.02e6
+
+#: (label, overrides) of the NVIDIA-shape variants.
+NVIDIA_VARIANTS = [
+    ("fp32", ["run.precision=fp32"]),
+    ("tf32", ["run.precision=tf32"]),
+    ("bf16", ["run.precision=bf16"]),
+    ("bf16 + fp16 tables", ["run.precision=bf16", "model.embedding_precision=fp16"]),
+]
+
+
+def section_nvidia(args: argparse.Namespace) -> dict[str, Any]:
+    """4: NVIDIA's DLRM shape at batch 64k, model-bound, per precision."""
+    backend = embedding_backend()
+    batch = 4096 if args.quick else 65536
+    rows = ["data.val_rows=4096", "data.test_rows=4096"]  # the shape's tables, few eval rows
+    if args.quick:  # the CPU form: Kaggle's tables capped at 1,000 rows
+        rows.append(f"data.cardinalities={[1000] * 26}")
+    print(f"\n== nvidia: NVIDIA's DLRM Kaggle shape on {args.device}, batch {batch:,}", end="")
+    print(f", {backend} tables")
+    out: dict[str, Any] = {}
+    for label, overrides in NVIDIA_VARIANTS:
+        if backend != "fbgemm" and "fp16" in label:
+            continue  # fp16 tables are FBGEMM's
+        cfg_over = [
+            f"run.device={args.device}", f"model.embedding_backend={backend}",
+            f"run.global_batch={batch}", f"run.micro_batch={batch}", "run.epochs=null",
+            "run.steps=1000", "optim.schedule.warmup_steps=0", "optim.schedule.decay=none",
+            f"data.train_rows={4 * batch}", "run.tensorboard=false", *rows, *overrides,
+        ]  # fmt: skip
+        t0 = time.perf_counter()
+        t = Trainer(load_config(REPO / "configs" / "nvidia_dlrm_kaggle.yaml", cfg_over))
+        built = time.perf_counter() - t0
+        try:
+            reuse_micro_batches(t)
+            out[label] = {
+                **timed_steps(t, args.device, 2, 2 if args.quick else 5),
+                "build_s": built,
+            }
+        finally:
+            t.close_input()
+            del t
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+    head = ["precision", "s / step", "rows/s", "x NVIDIA A100 (4.02M)", "peak GiB", "build s"]
+    table = [
+        [label, f"{r['step_s']:.4f}", f"{r['rows_per_s']:,.0f}",
+         f"{r['rows_per_s'] / NVIDIA_A100_ROWS_PER_S:.2f}", f"{r['peak_gib']:.2f}",
+         f"{r['build_s']:.0f}"]
+        for label, r in out.items()
+    ]  # fmt: skip
+    print_rows(head, table)
+    return out
+
+
+def print_rows(head: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
+    for i, line in enumerate([head, *rows]):
+        print("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "agreement": section_agreement,
     "throughput": section_throughput,
+    "breakdown": section_breakdown,
+    "nvidia": section_nvidia,
 }
 
 

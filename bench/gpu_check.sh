@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# GPU check (bench/gpu_check.py; DESIGN.md 6-7): the pure-PyTorch embedding backend and dense
-# VRGD on the device against the CPU, then plain and VR at 8 x 64k rows a step, model-bound and
-# end to end (the input pipeline from generated day files and from live synthetic data):
-# rows/s, data_wait_s and peak GPU memory in one table, on FBGEMM's tables where fbgemm_gpu and
-# torchrec import (docs/deployment.md: which FBGEMM goes with which torch), else the
-# pure-PyTorch ones. At most 8 minutes on one H200.
+# GPU check (bench/gpu_check.py; DESIGN.md 6-7): the device against the CPU from identical
+# weights (every table row held to its bound), then plain and VR at 8 x 64k rows a step,
+# model-bound and end to end (the input pipeline from generated day files and from live
+# synthetic data): rows/s, data_wait_s and peak GPU memory in one table; where a step's time
+# goes; NVIDIA's DLRM shape per precision. On FBGEMM's tables where fbgemm_gpu and torchrec
+# import (docs/deployment.md: which FBGEMM goes with which torch), else the pure-PyTorch ones.
+# At most 8 minutes on one H200.
 #
 #   bash bench/gpu_check.sh                 # on the GPU host (default --device cuda)
 #   bash bench/gpu_check.sh --device cpu    # the CPU form of the same code paths (small sizes)
