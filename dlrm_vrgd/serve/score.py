@@ -305,6 +305,21 @@ def _first_block(path: Path, block_bytes: int, root: Path | None = None) -> tupl
     return bytes(first), reader.gzip
 
 
+#: What to do instead of scoring synthetic day files (``dlrm-vrgd generate``'s output).
+GENERATED_DAYS = (
+    "synthetic day files written by `dlrm-vrgd generate` (their dense columns are log1p of the "
+    "generator's counts, not the transform score applies to Criteo's raw counts); score reads "
+    "raw Criteo text (TSV/CSV, gzip) or directories written by `dlrm-vrgd preprocess`. A model "
+    "trained on these days was scored on their val and test rows at the end of its run: its "
+    "figures are in the run's result.json (`dlrm-vrgd jobs status ID` for a job)"
+)
+#: What to do instead of scoring one .npy file.
+NPY_INPUT = (
+    "a NumPy array (.npy), not raw Criteo text: give score the directory that holds the day "
+    "files and their manifest.json (`dlrm-vrgd preprocess` writes them), not one of its files"
+)
+
+
 def resolve_inputs(
     paths: Sequence[str | Path],
     fmt: Format,
@@ -334,9 +349,14 @@ def resolve_inputs(
         if _is_days(p, root):
             once(p)
             with open_input(p / DATA_MANIFEST, root) as f:
-                out.append(_Days(p, safejson.loads(f.read(_MAX_MANIFEST_BYTES + 1))))
+                manifest = safejson.loads(f.read(_MAX_MANIFEST_BYTES + 1))
+            if isinstance(manifest, dict) and "generated" in manifest:
+                raise CriteoFormatError(f"{p}: {GENERATED_DAYS}")
+            out.append(_Days(p, manifest))
             continue
         for f in expand_inputs([p], root):
+            if f.suffix == ".npy":
+                raise CriteoFormatError(f"{f}: {NPY_INPUT}")
             once(f)
             first, gz = _first_block(f, block_bytes, root)
             if not first.strip():

@@ -154,3 +154,27 @@ def test_preprocess_names_file_and_line(
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"error: {tmp_path}/{message}" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "days").exists()
+
+
+def test_generated_days_and_npy_files_are_refused_saying_what_to_do(
+    trained: Trained, tmp_path: Path
+) -> None:
+    """`score --input` a `dlrm-vrgd generate` directory, or one of its .npy files: not read as
+    text (\"unrecognized header\"), but refused saying what score reads and where a model
+    trained on those days has its figures."""
+    import yaml
+
+    from ..conftest import tiny_config_dict
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_config_dict()))
+    gen = tmp_path / "gen"
+    done = cli("generate", "--config", str(config), "--out", str(gen))
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "p.csv"
+    refused = score_cli(trained, out, "--input", str(gen))
+    assert_refused(refused, out, "written by `dlrm-vrgd generate`")
+    assert "dlrm-vrgd preprocess" in refused.stderr and "result.json" in refused.stderr
+    npy = score_cli(trained, out, "--input", str(gen / "day_0_dense.npy"))
+    assert_refused(npy, out, "a NumPy array (.npy), not raw Criteo text")
+    assert "unrecognized header" not in npy.stderr
