@@ -58,4 +58,4 @@ format: setup
 	$(BIN)/ruff format dlrm_vrgd service tests bench docs/*.py docs/study/*.py
 
 clean:
-	rm -rf $(VENV) runs site .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs models site .pytest_cache .ruff_cache

@@ -465,11 +465,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         args.run, args.out, step, program=program, overwrite=args.overwrite,
         onnx=args.format in ("onnx", "all"),
     )  # fmt: skip
-    files = result.manifest["files"]
-    size = sum(f["bytes"] for f in files.values())
+    written = [p for p in Path(result.out).rglob("*") if p.is_file()]  # the manifest too
+    size = sum(p.stat().st_size for p in written)
     print(
         f"exported step {result.step} ({result.world_size} rank(s)) of {args.run} -> "
-        f"{result.out} ({len(files)} files, {size / 1e6:,.1f} MB)"
+        f"{result.out} ({len(written)} files, {size / 1e6:,.1f} MB)"
     )
     if target is not None:
         return _export_to_mlflow(*target, result.out, args.register_model)
@@ -985,8 +985,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    # torchrec's import trips torch.fx's "is_fx_tracing" notice: noise for our users.
+    # torchrec's import trips torch.fx's "is_fx_tracing" notice: noise for our users; so does
+    # the ONNX exporter's "torchvision is not installed" for ops this model never uses.
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     try:
         return args.fn(args)
     except ConfigError as err:

@@ -459,7 +459,8 @@ def score(
 
     Preprocessed inputs score every day, or only ``days``, or the rows of ``split`` as the
     model's training config cut them (``test``: the rows its final test AUC was measured on);
-    scoring days the model trained on logs a warning (and ``ScoreResult.training_days``).
+    scoring days the model trained on is in ``ScoreResult.training_days`` (``dlrm-vrgd
+    score`` warns of it).
     ``on_progress(rows, seconds, fraction of the input read)`` is called after every written
     block (for services). With ``input_root`` (the service's data root), every input file must
     be a regular file whose real path lies inside it, checked when the file is opened: a link,
@@ -503,8 +504,8 @@ def score(
                 else "its frequency-threshold vocabulary was not saved by preprocess"
             )
             raise FeatureError(f"{src.path}: the model cannot map raw Criteo rows ({why})")
-    if training_days:
-        logger.warning(
+    if training_days:  # ScoreResult.training_days carries it: the CLI says it once, on stderr
+        logger.info(
             "scoring days the model trained on (%s): their AUC overstates the model's; "
             "--split test scores the rows it was tested on",
             ", ".join(training_days),

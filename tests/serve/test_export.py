@@ -282,3 +282,18 @@ def test_a_run_without_a_checkpoint_is_told_why_truthfully(tmp_path: Path) -> No
     (run / "status.json").write_text("[" * 100_000)  # whatever the file holds: the same error
     with pytest.raises(ExportError, match="has not finished"):
         export_model(run, tmp_path / "model")
+
+
+def test_the_export_message_counts_the_files_written_and_onnx_is_quiet(tmp_path: Path) -> None:
+    """`export` says how many files it wrote (the manifest too) and their size on disk; the
+    ONNX export prints no warnings about torchvision, which the model does not use."""
+    run = tmp_path / "run"
+    train_and_save(tiny_config(), run)
+    for fmt in ("pt2", "onnx"):
+        out = tmp_path / f"model-{fmt}"
+        done = cli("export", "--run", str(run), "--out", str(out), "--format", fmt)
+        assert done.returncode == 0, done.stderr
+        files = [p for p in out.rglob("*") if p.is_file()]
+        size = sum(p.stat().st_size for p in files)
+        assert f"({len(files)} files, {size / 1e6:,.1f} MB)" in done.stdout, done.stdout
+        assert "torchvision" not in done.stderr, done.stderr

@@ -178,3 +178,10 @@ def test_generated_days_and_npy_files_are_refused_saying_what_to_do(
     npy = score_cli(trained, out, "--input", str(gen / "day_0_dense.npy"))
     assert_refused(npy, out, "a NumPy array (.npy), not raw Criteo text")
     assert "unrecognized header" not in npy.stderr
+
+
+def test_scoring_the_training_days_warns_once(trained: Trained, tmp_path: Path) -> None:
+    out = tmp_path / "p.csv"
+    done = score_cli(trained, out, "--input", str(trained.data))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("the model trained on") == 1, done.stderr
