@@ -1,18 +1,24 @@
 // Per-layer and per-table GSNR over time, as small multiples: one small chart per dense tensor
-// and per embedding table, on a 0..1 axis that grows to fit a realised step ratio above 1
-// (VR-Adam's `gradient` placement, see adamNote), showing the normalized GSNR ratio r, the
-// fraction clipped at γ, the realised step ratio (|actual step| / |plain step from the same
-// state|: whether the damping reached the weights), γ itself and (tables) the share of touched
-// rows that two or more micro-batches saw. Charts are created as tensors first appear in the GSNR records.
+// and per embedding table, showing the normalized GSNR ratio r, the fraction clipped at γ, γ
+// itself and (tables) the share of touched rows that two or more micro-batches saw on a fixed
+// 0..1.05 axis, and the realised step ratio (|actual step| / |plain step from the same state|:
+// whether the damping reached the weights) on a right-hand axis of its own, which grows to fit
+// a ratio above 1 (VR-Adam's `gradient` placement, see adamNote: spikes near 20 were seen) and
+// so never flattens r. Charts are created as tensors first appear in the GSNR records.
 
 import { color, createChart, fixedTicks, line } from "../charts.js";
 import { fill, fmt, h, isNum, pct, shortTensorName } from "../dom.js";
 
 const SMALL_HEIGHT = 104;
 
-/** The y range of a small multiple: 0..1.05, or up to the largest value drawn (+5%). */
+/** The range of the realised step ratio's axis: 0..1.05, or up to its largest value (+5%). */
 export function smallRange(u, lo, hi) {
   return [0, isNum(hi) && hi > 1 ? hi * 1.05 : 1.05];
+}
+
+/** The range of r, the fraction clipped and γ: always 0..1.05 (r ∈ [γ, 1]). */
+export function unitRange() {
+  return [0, 1.05];
 }
 
 /** Why VR-Adam / VR-LAMB's realised step ratio can exceed 1 under the paper's placement. */
@@ -91,7 +97,7 @@ class Multiples {
     const series = [
       line("ratio", { color: color(0), width: 1.5, digits: 3 }),
       line("clipped", { color: color(1), width: 1.25, digits: 3 }),
-      line("realised step ratio", { color: color(2), width: 1.25, digits: 3, dash: [6, 2] }),
+      line("realised step ratio", { color: color(2), width: 1.25, digits: 3, dash: [6, 2], scale: "step" }),
     ];
     if (this.kind === "table") series.push(line("≥2 groups", { color: color(7), width: 1.25, digits: 3, dash: [2, 2] }));
     series.push(line("γ", { color: "#9aa3af", width: 1, dash: [3, 3], digits: 2 }));
@@ -100,9 +106,9 @@ class Multiples {
       legend: false,
       height: SMALL_HEIGHT,
       xLabel: "step",
-      scales: { y: { range: smallRange } },
+      scales: { y: { range: unitRange }, step: { range: smallRange } },
       series,
-      axes: [{ ticks: fixedTicks(1) }],
+      axes: [{ ticks: fixedTicks(1) }, { scale: "step", side: 1, ticks: fixedTicks(1), color: color(2) }],
       emptyText: "",
     });
     const entry = { chart, value };
@@ -142,7 +148,7 @@ export class GsnrPanel {
           { class: "legend" },
           legendItem("ratio r", "sw-ratio"),
           legendItem("fraction clipped at γ", "sw-clipped"),
-          legendItem("realised step ratio (actual / plain step)", "sw-step"),
+          legendItem("realised step ratio (actual / plain step; its own axis, right)", "sw-step"),
           legendItem("rows seen by ≥ 2 micro-batches (tables)", "sw-multi"),
           legendItem("γ", "sw-gamma"),
         ),
