@@ -131,7 +131,7 @@ def test_the_readme_is_a_front_page_whose_links_resolve() -> None:
     headings = re.findall(r"^## (.+)$", README, re.M)
     assert headings == [
         "What it is, and why",
-        "A five-minute tour",
+        "A short tour",
         "The figures that matter",
         "Where to go next",
     ]
@@ -148,7 +148,7 @@ def test_the_readme_is_a_front_page_whose_links_resolve() -> None:
 def test_the_readme_tour_runs_from_a_fresh_directory(tmp_path: Path) -> None:
     """Train (with the VRGD optimizers), advise, export, generate and score, in order;
     `tensorboard` is a server: only its presence in the virtualenv is checked."""
-    cmds = commands(section(README, "A five-minute tour"))
+    cmds = commands(section(README, "A short tour"))
     servers = [c for c in cmds if c.startswith(f"{VENV_BIN}tensorboard ")]
     assert len(servers) == 1
     localised(servers[0], tmp_path / "unused.yaml")  # asserts .venv/bin/tensorboard exists
