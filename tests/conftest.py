@@ -11,9 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from dlrm_vrgd.config import TrainConfig, apply_overrides, parse_config
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (dlrm_vrgd/__init__.py)
+
+import torch  # noqa: E402
+
+from dlrm_vrgd.config import TrainConfig, apply_overrides, parse_config  # noqa: E402
 
 # Tests use a fixed, small thread count so results do not depend on the machine.
 torch.set_num_threads(int(os.environ.get("DLRM_VRGD_TEST_THREADS", "2")))

@@ -25,12 +25,12 @@ records up to it; a study skips its finished cells.
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from collections.abc import Iterable
 from pathlib import Path
 
+from service.jobs import reading
 from service.jobs.files import JobFiles
 
 #: Slurm verdicts on an ended job that are the infrastructure's doing.
@@ -193,9 +193,9 @@ def _rank_signal(lines: list[str]) -> str | None:
 
 def _own_failure(files: JobFiles, log_lines: list[str]) -> bool:
     """The run said it failed for a reason of its own (NaN loss, bad checkpoint, bad input)."""
-    try:
-        status = json.loads((files.run_dir / "status.json").read_text())
-    except (OSError, ValueError):
+    try:  # a planted FIFO, link or deep nesting is refused, never waited on or recursed into
+        status = reading.read_json(files.run_dir / "status.json", files.root)
+    except (OSError, reading.JobFileError):
         status = None
     if isinstance(status, dict) and _OWN_FAILURE.search(str(status.get("error", ""))):
         return True

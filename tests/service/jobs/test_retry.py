@@ -166,3 +166,32 @@ def test_the_backend_state_line_says_queued_held_running_or_requeued() -> None:
     running = AppStatus(RUNNING, nodes="n[1-2]")
     assert backend_line(running, "requeued after NODE_FAIL on n2") == "running on n[1-2]"
     assert backend_line(AppStatus(ENDED, scheduler_state="NODE_FAIL")) == "ended: NODE_FAIL"
+
+
+@pytest.mark.parametrize("plant", ["fifo", "link", "nested"])
+def test_a_planted_status_file_neither_hangs_nor_breaks_the_classification(
+    files: JobFiles, tmp_path: Path, plant: str
+) -> None:
+    """run/status.json is the job's to write: a FIFO there used to block the runner for ever
+    (a plain open), deep nesting raised RecursionError, and a link was followed. Each is
+    refused and the failure classified from the log alone."""
+    import os
+    import threading
+
+    status = files.run_dir / "status.json"
+    if plant == "fifo":
+        os.mkfifo(status)
+    elif plant == "link":  # a NaN-looking file outside the job directory
+        outside = tmp_path / "outside.json"
+        outside.write_text(json.dumps({"error": "NonFiniteError: loss is nan"}))
+        status.symlink_to(outside)
+    else:
+        status.write_text("[" * 100_000 + "]" * 100_000)
+    out: list[str | None] = []
+    worker = threading.Thread(
+        target=lambda: out.append(infrastructure_cause(1, TORCHRUN_SUMMARY, files)), daemon=True
+    )
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "the classification blocked on the planted file"
+    assert out == ["a rank was killed by SIGKILL"]  # the link's NaN was not read
