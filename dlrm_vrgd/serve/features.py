@@ -17,7 +17,6 @@ value never seen in training) is hashed into the table (``id % rows``) and count
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from dataclasses import asdict, dataclass
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from dlrm_vrgd import safejson
 from dlrm_vrgd.config import CriteoData, TrainConfig
 from dlrm_vrgd.data.criteo.output import MANIFEST as DATA_MANIFEST
 from dlrm_vrgd.data.criteo.parse import DEFAULT_DENSE_FLOOR, ParseOptions
@@ -79,12 +79,25 @@ def layout_of_run(cfg: TrainConfig, table_rows: list[int], num_dense: int) -> tu
         return FeatureLayout("synthetic", num_dense, table_rows), None
     path = Path(data.path) / DATA_MANIFEST
     try:
-        manifest = json.loads(path.read_text())
+        manifest = safejson.loads(path.read_bytes())
     except FileNotFoundError:
         raise FeatureError(
             f"{path}: missing; the feature layout (hashing, caps, dense transform) of the "
             "model is read from the manifest of the data it was trained on"
         ) from None
+    except (OSError, ValueError) as err:
+        raise FeatureError(f"{path}: cannot be read as a manifest ({err})") from None
+    try:
+        return _layout_of_manifest(manifest, data, table_rows, num_dense)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+        raise FeatureError(
+            f"{path}: not a manifest `dlrm-vrgd preprocess` wrote ({type(err).__name__}: {err})"
+        ) from None
+
+
+def _layout_of_manifest(
+    manifest: Any, data: CriteoData, table_rows: list[int], num_dense: int
+) -> tuple[FeatureLayout, np.ndarray | None]:
     if isinstance(manifest, dict) and manifest.get("generated"):
         # synthetic rows written as day files (dlrm-vrgd generate): no raw Criteo layout
         return FeatureLayout("synthetic", num_dense, table_rows), None
@@ -104,7 +117,10 @@ def layout_of_run(cfg: TrainConfig, table_rows: list[int], num_dense: int) -> tu
                 data.path,
             )
         else:
-            vocab = np.load(Path(data.path) / spec["file"])
+            name = str(spec["file"])
+            if Path(name).name != name or name in ("", ".", ".."):
+                raise ValueError(f"the vocabulary file {name!r} is not a name in the directory")
+            vocab = np.load(Path(data.path) / name, allow_pickle=False)
     layout = FeatureLayout(
         source="criteo",
         num_dense=num_dense,
@@ -141,10 +157,17 @@ class FeatureMapper:
         lay = self.layout
         if lay.source != "criteo":
             raise FeatureError(f"{where}: the model was trained on synthetic data, not Criteo days")
-        sparse = manifest["sparse"]
-        floor = int(manifest["dense_transform"]["floor"])
-        caps = sparse.get("max_rows_per_table") or None
-        threshold = int(sparse.get("frequency_threshold") or 0)
+        try:
+            sparse = manifest["sparse"]
+            floor = int(manifest["dense_transform"]["floor"])
+            caps = sparse.get("max_rows_per_table") or None
+            threshold = int(sparse.get("frequency_threshold") or 0)
+            cards = [int(c) for c in sparse["cardinalities"]] if threshold else None
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise FeatureError(
+                f"{where}: not a manifest `dlrm-vrgd preprocess` wrote ({type(err).__name__}: "
+                f"{err})"
+            ) from None
         if floor != lay.dense_floor:
             raise FeatureError(
                 f"{where}: dense floor {floor}, the model was trained with {lay.dense_floor}"
@@ -156,7 +179,7 @@ class FeatureMapper:
                 f"{lay.frequency_threshold}: preprocess the raw files the same way, or score "
                 "them raw"
             )
-        if threshold and [int(c) for c in sparse["cardinalities"]] != lay.data_cardinalities:
+        if threshold and cards != lay.data_cardinalities:
             raise FeatureError(
                 f"{where}: its frequency-threshold vocabulary differs from the model's data "
                 "(other inputs were counted): score the raw files instead"
