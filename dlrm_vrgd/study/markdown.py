@@ -213,9 +213,9 @@ def _status(study: StudyConfig, plan: Plan | None) -> list[str]:
     """What kind of evidence the page is, said before any figure."""
     if study.exploratory:
         return [
-            "> **Exploratory cells**, not pre-registered: run after seeing earlier results, to "
-            "explain them. Every figure on this page is exploratory and is labelled so wherever "
-            "it is quoted; none is a tested claim.",
+            "> **Exploratory cells**, not pre-registered: run to explain earlier results or to "
+            "test a design's code path, not to test a claim. Every figure on this page is "
+            "exploratory and is labelled so wherever it is quoted; none is a tested claim.",
         ]
     if study.preregistration:
         return [
