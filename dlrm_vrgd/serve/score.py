@@ -21,8 +21,8 @@ model and writing overlap, and memory is bounded by the block size, not the inpu
 With ONNX Runtime, ``weights.pt`` is verified as the torch engine verifies it (its SHA-256,
 its exact tensors, all finite), memory-mapped and let go: the whole model directory is checked
 whichever engine scores. Gzip input is decompressed at most a block ahead
-(:mod:`dlrm_vrgd.serve.blocks`): a line too long after decompression stops the run with
-``FILE:LINE`` as it does uncompressed. A file given twice is refused.
+(:func:`dlrm_vrgd.data.criteo.format.gzip_pieces`, as for preprocess): a line too long after
+decompression stops the run with ``FILE:LINE`` as it does uncompressed. A file given twice is refused.
 
 Output (CSV, or Parquet when the name ends in ``.parquet``/``.pq`` or ``fmt="parquet"``): one
 row per scored input row, in input order, with columns ``file``, ``line`` (the line in the raw
@@ -56,6 +56,7 @@ import torch
 
 from dlrm_vrgd import safejson
 from dlrm_vrgd.data.criteo.format import (
+    BlockReader,
     CriteoFormatError,
     Format,
     LabelsMode,
@@ -71,7 +72,6 @@ from dlrm_vrgd.data.criteo.output import MANIFEST_FORMAT as DATA_FORMAT
 from dlrm_vrgd.data.criteo.parse import ParsedBlock, ParseOptions, parse_block
 from dlrm_vrgd.rundir import atomic_write_json
 from dlrm_vrgd.serve import model as m
-from dlrm_vrgd.serve.blocks import BoundedBlockReader
 from dlrm_vrgd.serve.features import FeatureError, FeatureMapper
 from dlrm_vrgd.serve.pipeline import prefetch
 
@@ -300,7 +300,7 @@ def _is_days(path: Path, root: Path | None = None) -> bool:
 
 
 def _first_block(path: Path, block_bytes: int, root: Path | None = None) -> tuple[bytes, bool]:
-    reader = BoundedBlockReader(path, block_bytes, root)
+    reader = BlockReader(path, block_bytes, root)
     first = next(iter(reader.blocks()), bytearray())
     return bytes(first), reader.gzip
 
@@ -708,7 +708,7 @@ def _score_raw(
 
     next_line = 1
     seen = 0
-    reader = BoundedBlockReader(src.path, block_bytes, src.root)
+    reader = BlockReader(src.path, block_bytes, src.root)
     pending: deque[tuple[Future[Any], int]] = deque()
 
     def consume() -> None:

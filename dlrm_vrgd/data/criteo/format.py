@@ -314,35 +314,42 @@ def fast_types(layout: Layout) -> dict[str, pa.DataType]:
     return types
 
 
-class _GzipReader:
-    """Streaming gzip decompression (all members of a multi-member file); raises on a
-    truncated or corrupt stream instead of returning a silently shorter file."""
+#: Compressed bytes read at a time, and most decompressed bytes asked of zlib at a time.
+GZIP_READ_BYTES = 1 << 20
+GZIP_PIECE_BYTES = 4 << 20
 
-    def __init__(self, raw: BinaryIO, path: str, chunk: int = 4 << 20) -> None:
-        self.raw, self.path, self.chunk = raw, path, chunk
 
-    def chunks(self) -> Iterator[bytes]:
-        d = zlib.decompressobj(wbits=31)
-        fed = False
-        while True:
-            data = self.raw.read(self.chunk)
-            if not data:
+def gzip_pieces(raw: BinaryIO, path: str, want: list[int]) -> Iterator[bytes]:
+    """The decompressed bytes of every gzip member of ``raw``, each piece at most
+    ``min(want[0], GZIP_PIECE_BYTES)`` bytes (``want[0]``: what the caller still lacks, read
+    before each piece): zlib is asked for no more (``max_length``; the rest of the compressed
+    input waits in ``unconsumed_tail``), so a small file of a huge decompressed size is never
+    decompressed further ahead than the caller reads. :class:`CriteoFormatError` for a corrupt
+    or truncated stream (never a silently shorter file)."""
+    d = zlib.decompressobj(wbits=31)
+    fed = full = False
+    pending = b""
+    while True:
+        if not pending and not full:
+            pending = raw.read(GZIP_READ_BYTES)
+            if not pending:
                 break
-            while data:
-                try:
-                    out = d.decompress(data)
-                except zlib.error as err:
-                    raise CriteoFormatError(f"{self.path}: corrupt gzip data: {err}") from None
-                fed = True
-                if out:
-                    yield out
-                if d.eof:
-                    data = d.unused_data
-                    d, fed = zlib.decompressobj(wbits=31), False
-                else:
-                    data = b""
-        if fed and not d.eof:
-            raise CriteoFormatError(f"{self.path}: the gzip stream ends early (truncated file?)")
+        limit = max(1, min(want[0], GZIP_PIECE_BYTES))
+        try:
+            out = d.decompress(pending, limit)
+        except zlib.error as err:
+            raise CriteoFormatError(f"{path}: corrupt gzip data: {err}") from None
+        fed = True
+        full = len(out) >= limit  # zlib may hold more output of the input it took
+        if d.eof:  # a member ended: the next one starts in its unused data
+            pending = d.unused_data
+            d, fed, full = zlib.decompressobj(wbits=31), False, False
+        else:
+            pending = d.unconsumed_tail
+        if out:
+            yield out
+    if fed and not d.eof:
+        raise CriteoFormatError(f"{path}: the gzip stream ends early (truncated file?)")
 
 
 class BlockReader:
@@ -351,7 +358,10 @@ class BlockReader:
     Yields ``bytearray`` blocks (one copy from the file or the decompressor, none after); every
     block ends with a newline (one is added to a last line without). ``position`` is how far
     into the file on disk (compressed bytes for gzip) reading got; ``ends_with_newline`` tells,
-    once the file is read, whether its last line had one.
+    once the file is read, whether its last line had one. A line longer than
+    :data:`MAX_LINE_BYTES` fails with ``FILE:LINE``, compressed or not: gzip input is
+    decompressed at most one block ahead (:func:`gzip_pieces`), so 2 MB of gzip holding one
+    2 GiB line (or 2 GiB of NULs) costs a block of memory, not 3 GB.
     """
 
     def __init__(self, path: Path, block_bytes: int = 16 << 20, root: Path | None = None) -> None:
@@ -366,37 +376,28 @@ class BlockReader:
         self.ends_with_newline = True
 
     def blocks(self) -> Iterator[bytearray]:
+        if self.gzip:
+            yield from self._gzip_blocks()
+            return
         buf = bytearray()
         need = self.block_bytes
         with open_input(self.path, self.root) as raw:
-            gz = _GzipReader(raw, str(self.path)).chunks() if self.gzip else None
             eof = False
             while not eof:
-                while len(buf) < need:
-                    if gz is not None:
-                        chunk = next(gz, None)
-                        if chunk is None:
-                            eof = True
-                            break
-                        buf += chunk
-                    else:
-                        have = len(buf)
-                        grown = bytearray(need)
-                        grown[:have] = buf
-                        n = raw.readinto(memoryview(grown)[have:])
-                        del grown[have + n :]
-                        buf = grown
-                        if n == 0:
-                            eof = True
-                            break
+                while len(buf) < need:  # plain bytes, read straight into the block
+                    have = len(buf)
+                    grown = bytearray(need)
+                    grown[:have] = buf
+                    n = raw.readinto(memoryview(grown)[have:])
+                    del grown[have + n :]
+                    buf = grown
+                    if n == 0:
+                        eof = True
+                        break
                     self.position = raw.tell()
                 cut = buf.rfind(b"\n") + 1
                 if cut == 0:
-                    if len(buf) > MAX_LINE_BYTES:
-                        raise CriteoFormatError(
-                            f"{self.path}:{self.lines + 1}: a line longer than "
-                            f"{MAX_LINE_BYTES:,} bytes: not Criteo text (a binary file?)"
-                        )
+                    self._check_line(buf)
                     need = 2 * len(buf) + 1
                     continue
                 carry = buf[cut:]
@@ -405,11 +406,51 @@ class BlockReader:
                 yield buf
                 buf, need = carry, self.block_bytes
             self.position = self.size
-        if buf:
-            self.ends_with_newline = buf.endswith(b"\n")
-            if not self.ends_with_newline:
-                buf += b"\n"
-            yield buf
+        yield from self._last(buf)
+
+    def _gzip_blocks(self) -> Iterator[bytearray]:
+        """:meth:`blocks` of gzip input, decompressed at most one block ahead."""
+        buf = bytearray()
+        want = [self.block_bytes]
+        with open_input(self.path, self.root) as raw:
+            for piece in gzip_pieces(raw, str(self.path), want):
+                buf += piece
+                self.position = raw.tell()
+                if len(buf) < self.block_bytes:
+                    want[0] = self.block_bytes - len(buf)
+                    continue
+                cut = buf.rfind(b"\n") + 1
+                if cut == 0:
+                    self._check_line(buf)
+                    want[0] = self.block_bytes  # a line longer than a block: read on
+                    continue
+                carry = buf[cut:]
+                del buf[cut:]
+                self.lines += buf.count(b"\n")
+                yield buf
+                buf = carry
+                want[0] = max(1, self.block_bytes - len(buf))
+            self.position = self.size
+        yield from self._last(buf)
+
+    def _last(self, buf: bytearray) -> Iterator[bytearray]:
+        """The last block (its line gets a newline if it had none)."""
+        if not buf:
+            return
+        if b"\n" not in buf:
+            self._check_line(buf)
+        self.ends_with_newline = buf.endswith(b"\n")
+        if not self.ends_with_newline:
+            buf += b"\n"
+        yield buf
+
+    def _check_line(self, buf: bytearray) -> None:
+        """A line past MAX_LINE_BYTES is not Criteo text (compressed or not)."""
+        if len(buf) > MAX_LINE_BYTES:
+            raise CriteoFormatError(
+                f"{self.path}:{self.lines + 1}: a line longer than {MAX_LINE_BYTES:,} bytes: "
+                "not Criteo text (a binary file?)"
+            )
 
 
 # ------------------------------------------------------------------------------- writing
