@@ -751,7 +751,7 @@ def _blamed(err: ValidationError, source: str, overrides: list[str]) -> str:
             message += f" (an unknown key; did you mean {near}?)" if near else " (an unknown key)"
         item = next((o for o in overrides if _covers(o.partition("=")[0], name)), None)
         if item is not None:
-            by_override.append(f"  --set {item}: {name}: {message}")
+            by_override.append(f"  --set {redact(item)}: {name}: {message}")  # no secret echoed
         else:
             by_file.append(f"  {name}: {message}")
     head = f"invalid {source}:" if by_file else "invalid --set override:"
