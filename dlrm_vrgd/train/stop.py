@@ -3,7 +3,9 @@
 One process (``dlrm-vrgd train``): the first signal asks the run to stop after the step in
 progress, which the loop checkpoints (nothing trained is lost), records ``status.json:
 interrupted`` and ends; a second signal raises :class:`KeyboardInterrupt` at once, as Python's
-own SIGINT handler does (no checkpoint of a step cut midway).
+own SIGINT handler does (no checkpoint of a step cut midway) — unless it comes within
+:data:`SAME_REQUEST_S` of the first, when it is the same signal delivered twice (to the process
+group and again by the process that forwards it).
 
 Several ranks: a rank interrupted mid-collective would leave the others waiting in it (or
 failing on a closed connection), so the signal only *requests* a stop; at the end of each
@@ -19,6 +21,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +44,25 @@ def _raise(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(signal_name(signum))
 
 
+#: A second signal this soon after the first is the same request delivered twice: a signal to a
+#: whole process group also reaches the process that forwards it (a job's supervisor, a
+#: launcher), so the trainer gets it twice within milliseconds.
+SAME_REQUEST_S = 2.0
+_first_at: list[float] = []
+
+
 def _request(signum: int, frame: Any) -> None:
-    if _requested:  # the second: at once (a launcher turns it into SIGKILL for its ranks)
-        raise KeyboardInterrupt(signal_name(signum))
+    now = time.monotonic()
+    if _requested:
+        if now - _first_at[0] < SAME_REQUEST_S:
+            return  # the same request, forwarded: still stop after this step
+        raise KeyboardInterrupt(signal_name(signum))  # a second one: at once
     logger.warning(
         "%s: stopping after this step and checkpointing it (again: stop at once)",
         signal_name(signum),
     )
     _requested.append(signum)
+    _first_at[:] = [now]
 
 
 def install(cooperative: bool) -> None:

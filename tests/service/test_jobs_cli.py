@@ -277,6 +277,7 @@ def test_ctrl_c_on_a_follow_and_a_closed_pipe_end_without_a_traceback(
     start_service: Callable[..., LocalService],
     client_of: Callable[[LocalService], ServiceClient],
 ) -> None:
+    import select
     import signal
     import time
 
@@ -290,12 +291,17 @@ def test_ctrl_c_on_a_follow_and_a_closed_pipe_end_without_a_traceback(
         [sys.executable, "-m", "dlrm_vrgd.cli", "jobs", "logs", job["id"], "--follow"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
     )  # fmt: skip
-    time.sleep(3)  # it prints the tail and waits for more
+    # it prints the log's tail first, then waits for more: interrupt it once it is following
+    # (a fixed sleep raced the CLI's start on a loaded machine)
+    assert follow.stdout is not None
+    ready, _, _ = select.select([follow.stdout], [], [], 120)
+    first = follow.stdout.readline() if ready else ""
+    time.sleep(0.5)
     follow.send_signal(signal.SIGINT)
-    out, err = follow.communicate(timeout=30)
+    out, err = follow.communicate(timeout=60)
     assert follow.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
-    assert "step " in out  # the log's tail came first
+    assert "step " in first + out  # the log's tail came first
     for i in range(30):  # enough jobs that --json is longer than a pipe's buffer
         client.submit(f"more{i}", tiny_job())
     piped = subprocess.run(

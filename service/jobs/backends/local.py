@@ -97,8 +97,12 @@ class LocalBackend(Backend):
     def cancel(self, handle: Handle) -> None:
         assert isinstance(handle, LocalHandle)
         logger.info("job %s: SIGTERM to process group %d", handle.job_id, handle.pgid)
-        process.signal_group(handle.pgid, signal.SIGTERM)
-        process.signal_processes(self._processes(handle), signal.SIGTERM)
+        # One SIGTERM per process: a trainer stops after its step on the first and at once on a
+        # second, so the processes of the group are not signalled again by their marker (nor
+        # are ranks in a session of their own: their launcher forwards it). Only where the
+        # group is gone do the marked processes that outlived it get it directly.
+        if not process.signal_group(handle.pgid, signal.SIGTERM):
+            process.signal_processes(self._processes(handle), signal.SIGTERM)
 
     def kill(self, handle: Handle) -> None:
         """SIGKILL the job's process group and every process carrying its marker."""
