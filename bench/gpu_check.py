@@ -188,6 +188,20 @@ def reuse_micro_batches(t: Trainer) -> None:
     t.micro_batch = lambda step, j: cached[j]  # type: ignore[method-assign]
 
 
+def with_trainer(cfg: TrainConfig, device: str, fn: Callable[[Trainer], Any]) -> Any:
+    """``fn`` of a trainer built from ``cfg``, which is then closed and let go (its device
+    memory too) before the next one is built."""
+    t = Trainer(cfg)
+    try:
+        return fn(t)
+    finally:
+        t.close_input()
+        del t
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
 def section_throughput(args: argparse.Namespace) -> dict[str, Any]:
     """2: model-bound and end-to-end rows/s of plain and VR (module docstring)."""
     device, backend = args.device, embedding_backend()
@@ -210,23 +224,17 @@ def section_throughput(args: argparse.Namespace) -> dict[str, Any]:
         out["generate_s"] = gen_s
         for optim in OPTIMIZERS:
             cfg = kaggle(device, backend, micro, k, rows, optim)
-            runs: list[tuple[str, Callable[[], Trainer]]] = [
-                ("npy", lambda cfg=cfg: Trainer(on_days(cfg, days))),
-                ("live", lambda cfg=cfg: Trainer(cfg)),
-            ]
-            for mode, make in runs:
-                t = make()
-                try:
-                    out["rows"][f"{optim}/{mode}"] = timed_steps(t, device, warmup, steps)
-                    if mode == "live":  # the same trainer, its input taken out
-                        reuse_micro_batches(t)
-                        out["rows"][f"{optim}/model-bound"] = timed_steps(t, device, 1, steps)
-                finally:
-                    t.close_input()
-                    del t
-                    gc.collect()
-                    if device == "cuda":
-                        torch.cuda.empty_cache()
+
+            def npy(t: Trainer, optim: str = optim) -> None:
+                out["rows"][f"{optim}/npy"] = timed_steps(t, device, warmup, steps)
+
+            def live(t: Trainer, optim: str = optim) -> None:
+                out["rows"][f"{optim}/live"] = timed_steps(t, device, warmup, steps)
+                reuse_micro_batches(t)  # the same trainer, its input taken out
+                out["rows"][f"{optim}/model-bound"] = timed_steps(t, device, 1, steps)
+
+            with_trainer(on_days(cfg, days), device, npy)
+            with_trainer(cfg, device, live)
     print_throughput(out["rows"], device)
     return out
 
@@ -263,16 +271,10 @@ def section_breakdown(args: argparse.Namespace) -> dict[str, Any]:
     micro, k = (1024, 8) if args.quick else (65536, 8)
     print(f"\n== breakdown: Kaggle-sized DLRM on {args.device}, {k} x {micro:,}, {backend} tables")
     out: dict[str, Any] = {}
+    steps = 2 if args.quick else 3
     for optim in OPTIMIZERS:
-        t = Trainer(kaggle(args.device, backend, micro, k, 4 * k * micro, optim))
-        try:
-            out[optim] = breakdown(t, steps=2 if args.quick else 3)
-        finally:
-            t.close_input()
-            del t
-            gc.collect()
-            if args.device == "cuda":
-                torch.cuda.empty_cache()
+        cfg = kaggle(args.device, backend, micro, k, 4 * k * micro, optim)
+        out[optim] = with_trainer(cfg, args.device, lambda t: breakdown(t, steps))
     head = ["part", "plain s", "VR s", "VR / plain"]
     rows = [
         [p, f"{out['plain'][p]:.4f}", f"{out['VR'][p]:.4f}",
@@ -318,21 +320,15 @@ def section_nvidia(args: argparse.Namespace) -> dict[str, Any]:
             "run.steps=1000", "optim.schedule.warmup_steps=0", "optim.schedule.decay=none",
             f"data.train_rows={4 * batch}", "run.tensorboard=false", *rows, *overrides,
         ]  # fmt: skip
+        cfg = load_config(REPO / "configs" / "nvidia_dlrm_kaggle.yaml", cfg_over)
         t0 = time.perf_counter()
-        t = Trainer(load_config(REPO / "configs" / "nvidia_dlrm_kaggle.yaml", cfg_over))
-        built = time.perf_counter() - t0
-        try:
+
+        def model_bound(t: Trainer, t0: float = t0) -> dict[str, float]:
+            built = time.perf_counter() - t0
             reuse_micro_batches(t)
-            out[label] = {
-                **timed_steps(t, args.device, 2, 2 if args.quick else 5),
-                "build_s": built,
-            }
-        finally:
-            t.close_input()
-            del t
-            gc.collect()
-            if args.device == "cuda":
-                torch.cuda.empty_cache()
+            return {**timed_steps(t, args.device, 2, 2 if args.quick else 5), "build_s": built}
+
+        out[label] = with_trainer(cfg, args.device, model_bound)
     head = ["precision", "s / step", "rows/s", "x NVIDIA A100 (4.02M)", "peak GiB", "build s"]
     table = [
         [label, f"{r['step_s']:.4f}", f"{r['rows_per_s']:,.0f}",
