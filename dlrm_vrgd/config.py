@@ -99,6 +99,38 @@ Steps = Count(0, MAX_STEPS)
 Width = Count(1, MAX_WIDTH)
 
 
+class FieldRole:
+    """A marker in a field's ``Annotated`` metadata that says what the field may change;
+    :func:`marked_fields` finds the fields that carry one. Whoever adds a field marks it here,
+    and the resume check and the study ledger follow without a list of their own."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+#: The field changes how a run is carried out, never what it trains nor the figures it writes
+#: (where it is tracked, how its input is built ahead, when glibc's heap is handed back): a
+#: resumed run may change it, and a study's cell digest leaves it out.
+OPERATIONAL = FieldRole("OPERATIONAL")
+#: The field was added after runs and study cells were recorded, and its default is what every
+#: earlier one trained at: a cell digest leaves it out while it holds its default, so every
+#: committed ledger still matches (a cell at another value is another cell).
+ADDED_LATER = FieldRole("ADDED_LATER")
+
+
+def marked_fields(section: type[BaseModel], role: FieldRole) -> dict[str, Any]:
+    """``{name: default}`` of the fields of ``section`` that carry ``role`` (a default made by
+    a factory is given as None)."""
+    return {
+        name: None if info.default_factory is not None else info.default
+        for name, info in section.model_fields.items()
+        if role in info.metadata
+    }
+
+
 def field_error(loc: tuple[str | int, ...], message: str, value: Any) -> ValidationError:
     """A validation error at ``loc`` (a model validator's errors otherwise name the model)."""
     detail = InitErrorDetails(
@@ -244,7 +276,7 @@ class ModelConfig(_Section):
     #: How the tables' weights are stored: `fp32`, or `fp16` (FBGEMM's weights_precision: half
     #: the memory and lookup bandwidth; writes rounded stochastically; the Adagrad sums, the
     #: lookups and every GSNR sum stay float32). fbgemm backend only.
-    embedding_precision: Literal["fp32", "fp16"] = "fp32"
+    embedding_precision: Annotated[Literal["fp32", "fp16"], ADDED_LATER] = "fp32"
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -535,13 +567,13 @@ class RunConfig(_Section):
     #: of the Kaggle-sized model), `never`. `auto` (default) is `micro_batch` with
     #: `device: cpu` and `never` with `device: cuda` (the step's tensors live on the GPU; the
     #: host keeps only reused input buffers). The sparse step's chunks hand back in every mode.
-    heap_release: Literal["auto", "micro_batch", "growth", "never"] = "auto"
+    heap_release: Annotated[Literal["auto", "micro_batch", "growth", "never"], OPERATIONAL] = "auto"
     #: How micro-batches reach the step: built ahead in the background (docs/input.md).
-    input: InputConfig = Field(default_factory=InputConfig)
+    input: Annotated[InputConfig, OPERATIONAL] = Field(default_factory=InputConfig)
     #: Numeric precision of the MLPs and the interaction (dlrm_vrgd/precision.py): `fp32`;
     #: `tf32` (a GPU's TF32 matmuls; on a CPU the same as fp32); `bf16` (autocast to bfloat16,
     #: float32 master weights). Tables, GSNR and Adagrad sums stay float32 or wider.
-    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    precision: Annotated[Literal["fp32", "tf32", "bf16"], ADDED_LATER] = "fp32"
     #: Processes per node, nodes (torchrun); world size W = nnodes x nproc_per_node.
     nproc_per_node: Count(1, 256) = 1
     #: Hosts of a multi-node job (each runs `nproc_per_node` ranks).
@@ -558,9 +590,9 @@ class RunConfig(_Section):
     #: died fails the job after this many seconds instead of hanging it.
     collective_timeout_s: Count(10, 86_400) = 180
     #: Write TensorBoard event files to ``tb/`` in the run directory (rank 0, off the step).
-    tensorboard: Flag = True
+    tensorboard: Annotated[Flag, OPERATIONAL] = True
     #: Also export params, metrics and artifacts to MLflow (None: off).
-    mlflow: MlflowConfig | None = None
+    mlflow: Annotated[MlflowConfig | None, OPERATIONAL] = None
 
     @model_validator(mode="after")
     def _check_batch(self) -> RunConfig:

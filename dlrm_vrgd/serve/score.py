@@ -22,7 +22,8 @@ With ONNX Runtime, ``weights.pt`` is verified as the torch engine verifies it (i
 its exact tensors, all finite), memory-mapped and let go: the whole model directory is checked
 whichever engine scores. Gzip input is decompressed at most a block ahead
 (:func:`dlrm_vrgd.data.criteo.format.gzip_pieces`, as for preprocess): a line too long after
-decompression stops the run with ``FILE:LINE`` as it does uncompressed. A file given twice is refused.
+decompression stops the run with ``FILE:LINE`` as it does uncompressed. A file given twice
+is refused.
 
 Output (CSV, or Parquet when the name ends in ``.parquet``/``.pq`` or ``fmt="parquet"``): one
 row per scored input row, in input order, with columns ``file``, ``line`` (the line in the raw

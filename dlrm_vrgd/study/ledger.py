@@ -21,32 +21,38 @@ from pathlib import Path
 from typing import Any
 
 from dlrm_vrgd.advice import finite
+from dlrm_vrgd.config import (
+    ADDED_LATER,
+    OPERATIONAL,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    marked_fields,
+)
 from dlrm_vrgd.rundir import CONFIG, RESULT, atomic_write_bytes, read_jsonl
 from dlrm_vrgd.study.config import Cell, StudyConfig
 
 LEDGER = "cells.jsonl"
 
-#: run keys that change neither what a cell trains nor its figures — where it is tracked, when
-#: glibc's heap is handed back, how the micro-batches are built ahead (the rows are the same
-#: whoever builds them) — so a finished cell is reused whatever they were: a cell's digest
-#: leaves them out
-_TRACKING_KEYS = ("tensorboard", "mlflow", "heap_release", "input")
-
-
-#: keys added after cells were recorded, with the value every earlier cell trained at: a cell's
-#: digest leaves them out at that value (a cell at another value is another cell)
-_ADDED_KEYS = {("run", "precision"): "fp32", ("model", "embedding_precision"): "fp32"}
+#: The config sections whose marked fields a digest may leave out.
+_SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "run": RunConfig}
 
 
 def _untracked(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` less what does not change what a cell trains: the fields marked
+    :data:`~dlrm_vrgd.config.OPERATIONAL` (tracking, the input pipeline, the heap's hand-back:
+    a finished cell is reused whatever they were), and those marked
+    :data:`~dlrm_vrgd.config.ADDED_LATER` while they hold their default (every cell recorded
+    before the field existed trained at it; a cell at another value is another cell)."""
     out = dict(config)
-    for section in ("run", "model"):
+    for section, model in _SECTIONS.items():
         if isinstance(config.get(section), dict):
+            operational = marked_fields(model, OPERATIONAL)
+            added = marked_fields(model, ADDED_LATER)
             out[section] = {
                 k: v
                 for k, v in config[section].items()
-                if not (section == "run" and k in _TRACKING_KEYS)
-                and not ((section, k) in _ADDED_KEYS and v == _ADDED_KEYS[section, k])
+                if k not in operational and not (k in added and v == added[k])
             }
     return out
 

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from dlrm_vrgd import checkpoint as ckpt
 from dlrm_vrgd import rundir
 from dlrm_vrgd.advice import advise
-from dlrm_vrgd.config import TrainConfig
+from dlrm_vrgd.config import OPERATIONAL, RunConfig, TrainConfig, marked_fields
 from dlrm_vrgd.data import DataSplits, RowSource, build_splits
 from dlrm_vrgd.data.batch import Batch, TrainStream
 from dlrm_vrgd.data.pipeline import InputPipeline, trainer_pipeline
@@ -61,7 +61,8 @@ logger = logging.getLogger(__name__)
 #: Eval splits up to this many rows are generated/read once and kept in memory.
 EVAL_CACHE_ROWS = 250_000
 
-#: Config sections a resumed run may change (how long and how often, not what is trained).
+#: Config keys a resumed run may change (how long and how often, not what is trained), with
+#: every field marked OPERATIONAL in dlrm_vrgd/config.py; a key covers the keys below it.
 RESUMABLE_CHANGES = {
     "run.gsnr_every",
     "run.noise_scale_beta",
@@ -74,15 +75,8 @@ RESUMABLE_CHANGES = {
     "run.eval_rows",
     "run.threads",
     "run.malloc_mmap_threshold_kb",
-    "run.heap_release",
     "run.precision",
-    "run.input",  # how micro-batches are built ahead: the rows are the same
-    "run.input.builder",
-    "run.input.workers",
-    "run.input.depth",
-    "run.tensorboard",
-    "run.mlflow",
-}
+} | {f"run.{name}" for name in marked_fields(RunConfig, OPERATIONAL)}
 
 #: What may change when a run resumes on another number of ranks (its tables are resharded).
 RESHARD_CHANGES = {
@@ -459,6 +453,12 @@ def compact_gsnr(summary: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def _covered(key: str, allowed: set[str]) -> bool:
+    """Whether the dotted ``key`` or a key above it is in ``allowed``."""
+    parts = key.split(".")
+    return any(".".join(parts[:i]) in allowed for i in range(1, len(parts) + 1))
+
+
 def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two config dicts."""
     keys = set(old) | set(new)
@@ -507,7 +507,7 @@ def check_resume(
     changed = [
         k
         for k in config_changes(manifest["config"], cfg.to_dict())
-        if k not in RESUMABLE_CHANGES | RESHARD_CHANGES
+        if not _covered(k, RESUMABLE_CHANGES | RESHARD_CHANGES)
     ]
     if changed:
         raise ValueError(f"cannot resume {out}: config differs in {', '.join(changed)}")

@@ -25,3 +25,28 @@ def test_precision_at_fp32_is_left_out_and_another_is_another_cell(section, key,
     changed = copy.deepcopy(config)
     changed[section][key] = other
     assert config_digest(changed) != config_digest(config)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("tensorboard", False),
+        ("heap_release", "never"),
+        ("input", {"builder": "processes", "workers": 3, "depth": 4}),
+        ("mlflow", {"tracking_uri": "file:///tmp/mlruns", "experiment": "e"}),
+    ],
+)
+def test_how_a_cell_is_carried_out_is_not_part_of_its_digest(key, value) -> None:
+    config = TrainConfig().to_dict()
+    changed = copy.deepcopy(config)
+    changed["run"][key] = value
+    assert config_digest(changed) == config_digest(config)
+
+
+def test_what_a_cell_trains_is_part_of_its_digest() -> None:
+    config = TrainConfig().to_dict()
+    for section, key, value in [("run", "seed", 3), ("run", "micro_batch", 512),
+                                ("optim", "dense", {"name": "sgd"})]:  # fmt: skip
+        changed = copy.deepcopy(config)
+        changed[section][key] = value
+        assert config_digest(changed) != config_digest(config), key
