@@ -118,8 +118,9 @@ class ServiceClient:
     def url(self, path: str) -> str:
         return f"{self.base_url}{API}{path}"
 
-    def _read(self, method: str, path: str, **kwargs: Any) -> tuple[int, bytes]:
-        """(status, body) of one request, the body read up to :data:`MAX_ANSWER_BYTES`."""
+    def _read(self, method: str, path: str, **kwargs: Any) -> tuple[int, bytes, Any]:
+        """(status, body, headers) of one request, the body read up to
+        :data:`MAX_ANSWER_BYTES`."""
         with self.http.stream(method, f"{API}{path}", **kwargs) as response:
             body = bytearray()
             for chunk in response.iter_bytes():
@@ -128,10 +129,10 @@ class ServiceClient:
                     raise BadAnswer(
                         f"{method} {path}: the answer is larger than {MAX_ANSWER_BYTES >> 20} MiB"
                     )
-            return response.status_code, bytes(body)
+            return response.status_code, bytes(body), response.headers
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        status, body = self._read(method, path, **kwargs)
+        status, body, _ = self._read(method, path, **kwargs)
         if status >= 400:
             try:
                 decoded = json.loads(body)
@@ -152,18 +153,11 @@ class ServiceClient:
 
     def _text(self, path: str, **params: Any) -> tuple[str, Any]:
         """A text answer and its headers (ApiError for 4xx/5xx)."""
-        with self.http.stream("GET", f"{API}{path}", params=params) as response:
-            body = bytearray()
-            for chunk in response.iter_bytes():
-                body += chunk
-                if len(body) > MAX_ANSWER_BYTES:
-                    raise BadAnswer(
-                        f"GET {path}: the answer is larger than {MAX_ANSWER_BYTES >> 20} MiB"
-                    )
-            text = bytes(body).decode("utf-8", errors="replace")
-            if response.status_code >= 400:
-                raise ApiError(response.status_code, text)
-            return text, response.headers
+        status, body, headers = self._read("GET", path, params=params)
+        text = body.decode("utf-8", errors="replace")
+        if status >= 400:
+            raise ApiError(status, text)
+        return text, headers
 
     # ---------------------------------------------------------------------------- calls
     def health(self) -> dict[str, Any]:
