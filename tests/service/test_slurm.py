@@ -355,8 +355,14 @@ def test_a_node_down_mid_job_is_retried_and_resumes_from_its_checkpoint(
     assert ended["ended"] == "NODE_FAIL on n2", ended
     assert "JobState=NODE_FAIL" in (slurm.jobcomp(first_id) or "")
     assert retried["backend_state"].startswith("requeued after NODE_FAIL on n2")
+    # the newest checkpoint: a periodic one (every 10 steps), or the one the ranks wrote at
+    # the step they agreed to stop after when Slurm's SIGTERM reached both (here both nodes
+    # share a host, so n2's rank is alive to agree; a truly lost node leaves the periodic one)
     resumed = retried["attempts"][1]["resumed_from_step"]
-    assert resumed >= 20 and resumed % 10 == 0
+    assert resumed >= 20
+    # (which task hosts rank 0 is the rendezvous's choice, and srun drops a failed node's
+    # output: the stop request, which every rank logs, is what the log is sure to show)
+    interrupt_saved = "SIGTERM: stopping after this step and checkpointing it"
     slurm.heal()  # the node comes back; the second attempt can run
 
     done = client.wait(job["id"], timeout=300)
@@ -374,6 +380,7 @@ def test_a_node_down_mid_job_is_retried_and_resumes_from_its_checkpoint(
     ), messages
     log = (svc.data_dir / "jobs" / job["id"] / "train.log").read_text()
     assert "Node failure on n2" in log
+    assert resumed % 10 == 0 or interrupt_saved in log, log[-4000:]
     # every line of a rank keeps its label (progress too: plain lines, no redraws). The label
     # is srun's task id; which task hosts torchrun's rank 0 (the one printing progress) is up
     # to the c10d rendezvous, so it may be task 1.
