@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -129,3 +130,13 @@ def slurm_env() -> dict[str, str]:
         # event streams go quiet when nothing happens: state_messages() reads until then
         "DLRM_VRGD_SSE_KEEPALIVE_S": "60",
     }
+
+
+def python_hook_env(tmp_path: Path, code: str, **env: str) -> dict[str, str]:
+    """``env`` plus a PYTHONPATH that makes every Python a job starts run ``code`` first (a
+    ``sitecustomize.py`` in a directory of its own under ``tmp_path``)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(textwrap.dedent(code))
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    return {**env, "PYTHONPATH": path}

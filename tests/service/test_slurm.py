@@ -6,9 +6,7 @@ installed (``.ci/run`` installs it)."""
 
 from __future__ import annotations
 
-import os
 import re
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +22,7 @@ from service.jobs.backends.local import JOB_ENV
 from service.launcher import LaunchError, LocalService, free_port
 
 from ..slurm_cluster import SlurmCluster
-from .conftest import long_job, tiny_job, wait_for
+from .conftest import long_job, python_hook_env, tiny_job, wait_for
 from .test_study_jobs import small_study
 
 pytestmark = pytest.mark.slurm
@@ -197,11 +195,7 @@ def test_a_rank_failing_on_one_node_fails_the_job_with_that_nodes_error(
     client_of: Callable[[LocalService], ServiceClient],
     tmp_path: Path,
 ) -> None:
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(textwrap.dedent(FAIL_ON_NODE))
-    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**slurm_env, "PYTHONPATH": path, "FAIL_RANK_ON_NODE": "n2"}
+    env = python_hook_env(tmp_path, FAIL_ON_NODE, **slurm_env, FAIL_RANK_ON_NODE="n2")
     client = client_of(start_service(**env))
     job = client.submit("one-node-fails", long_job() | {"run": {**long_job()["run"], "nnodes": 2}})
     failed = client.wait(job["id"], timeout=120)

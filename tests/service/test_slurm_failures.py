@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +17,7 @@ from service.client import API, ServiceClient
 from service.launcher import LocalService
 
 from ..slurm_cluster import SlurmCluster
-from .conftest import long_job, tiny_job, wait_for
+from .conftest import long_job, python_hook_env, tiny_job, wait_for
 from .test_slurm import OPTIM, marked_processes
 
 pytestmark = pytest.mark.slurm
@@ -67,11 +66,9 @@ def test_a_ranks_error_after_collectives_ran_fails_the_job_without_a_retry(
     """The rank on n2 raises RuntimeError after 12 steps; the rank on n1, inside the next
     step's all-reduce, sees its peer gone ("Connection closed by peer"). That symptom is the
     peer's, not a cause: the job fails once (max_retries 2 left unused), naming n2's error."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(textwrap.dedent(FAIL_MID_TRAINING))
-    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**slurm_env, "PYTHONPATH": path, "FAIL_RANK_ON_NODE": "n2", "FAIL_RANK_AT_STEP": "12"}
+    env = python_hook_env(
+        tmp_path, FAIL_MID_TRAINING, **slurm_env, FAIL_RANK_ON_NODE="n2", FAIL_RANK_AT_STEP="12"
+    )
     svc = start_service(**env)
     client = client_of(svc)
     run = {**long_job()["run"], "nnodes": 2, "threads": 1}
