@@ -9,10 +9,15 @@ Model: the Criteo-Kaggle-sized DLRM of DESIGN.md 6 (26 tables x 100k rows x 64, 
 * ours, plain: AdamW + row-wise Adagrad through our trainer — at A = 1 (same batch, one update
   per B rows) and at A = k (one update per k·B rows: the global-batch path).
 * ours, VRGD: VR-Adam + GSNR row-wise Adagrad at A = k.
+* ours, plain at A = 1 with ``run.input.builder: serial``: the step builds its micro-batch
+  itself, as the reference loop does (the default builds it ahead on a thread that shares the
+  cores with the step's), so the two A = 1 rows tell whether the builder thread costs the step.
+* ours, plain at A = 1 with ``run.heap_release: never``: what handing glibc's free pages back
+  after every micro-batch (the CPU default, which bounds memory by the micro-batch) costs.
 
 Targets: ours(A=1) / reference >= 0.9 in rows/s; VRGD / plain at A = k <= 1.25 in step time.
 
-The four run interleaved within every repetition (A B C D, then reversed); each ratio is the
+The six run interleaved within every repetition (A B C ..., then reversed); each ratio is the
 median over repetitions of that repetition's pair, with its 95% order-statistic interval
 (common.median_interval). ``--json`` writes the figures for ``bench/run_all.py --save``.
 
@@ -43,7 +48,7 @@ PLAIN = ["optim.dense.name=adamw", "optim.sparse.name=rowwise_adagrad"]
 VRGD = ["optim.dense.name=vradam", "optim.sparse.name=gsnr_rowwise_adagrad"]
 
 
-def config(b: int, a: int, optim: list[str], heap_release: str = "micro_batch"):
+def config(b: int, a: int, optim: list[str], heap_release: str = "micro_batch", *extra: str):
     return load_config(
         REPO / "configs" / "synthetic_kaggle.yaml",
         [
@@ -55,6 +60,7 @@ def config(b: int, a: int, optim: list[str], heap_release: str = "micro_batch"):
             "optim.schedule.decay=none",
             f"run.heap_release={heap_release}",
             *optim,
+            *extra,
         ],
     )
 
@@ -113,6 +119,8 @@ def main() -> None:
     try:
         heap = args.heap_release
         ours_1 = Trainer(config(b, 1, PLAIN, heap))
+        ours_1_serial = Trainer(config(b, 1, PLAIN, heap, "run.input.builder=serial"))
+        ours_1_keep = Trainer(config(b, 1, PLAIN, "never"))
         ours_k = Trainer(config(b, k, PLAIN, heap))
         vrgd_k = Trainer(config(b, k, VRGD, heap))
         reference = ReferenceLoop(ours_1)
@@ -120,6 +128,8 @@ def main() -> None:
             {
                 "reference": reference.train_step,
                 "ours_1": ours_1.train_step,
+                "ours_1_serial": ours_1_serial.train_step,
+                "ours_1_keep_heap": ours_1_keep.train_step,
                 "ours_k": ours_k.train_step,
                 "vrgd_k": vrgd_k.train_step,
             },
@@ -131,11 +141,15 @@ def main() -> None:
     med = {name: statistics.median(ts) for name, ts in times.items()}
     # rows/s ratio of ours(A=1) to the reference = reference time / ours time (same B rows)
     rate_1 = paired_ratios(times, "reference", "ours_1")
+    rate_1_serial = paired_ratios(times, "reference", "ours_1_serial")
+    rate_1_keep = paired_ratios(times, "reference", "ours_1_keep_heap")
     vrgd_over_plain = paired_ratios(times, "vrgd_k", "ours_k")
     ref_rate = b / med["reference"]
     rows = [
         ["torchrec reference (DMP + fused rowwise Adagrad + AdamW)", b, "reference"],
         ["ours, AdamW + rowwise Adagrad, A = 1", b, "ours_1"],
+        ["ours, the same with run.input.builder: serial", b, "ours_1_serial"],
+        ["ours, the same with run.heap_release: never", b, "ours_1_keep_heap"],
         [f"ours, AdamW + rowwise Adagrad, A = {k}", k * b, "ours_k"],
         [f"ours, VR-Adam + GSNR rowwise Adagrad, A = {k}", k * b, "vrgd_k"],
     ]
@@ -148,6 +162,8 @@ def main() -> None:
     )
     print_table(["variant", "rows/step", "s/step", "rows/s", "rows/s vs reference"], table)
     print(f"\nours(A=1) / reference rows/s: {rate_1}   (target >= 0.9)")
+    print(f"ours(A=1, serial input) / reference rows/s: {rate_1_serial}")
+    print(f"ours(A=1, heap kept) / reference rows/s: {rate_1_keep}")
     print(f"VRGD / plain step time at A = {k}: {vrgd_over_plain}   (target <= 1.25)")
     write_result(
         args.json,
@@ -159,6 +175,8 @@ def main() -> None:
             "heap_release": args.heap_release,
             "s_per_step": med,
             "ours_1_vs_reference_rows_per_s": rate_1,
+            "ours_1_serial_vs_reference_rows_per_s": rate_1_serial,
+            "ours_1_keep_heap_vs_reference_rows_per_s": rate_1_keep,
             "vrgd_vs_plain_step_time": vrgd_over_plain,
         },
     )
