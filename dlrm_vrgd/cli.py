@@ -127,11 +127,23 @@ def _print_result(result: Any) -> None:
         print(f"warning: {warning}", file=sys.stderr)
 
 
+#: A run whose steps waited this share of their time or more for input is told so at its end.
+INPUT_WAIT_WARN = 0.10
+
+
 def result_warnings(result: Any) -> list[str]:
     """What a user should not miss in a run's final figures: a final model worse than the best
     checkpoint's (overfitting, a learning rate too high), an NE above 1 (worse than predicting
-    the click rate for every row)."""
+    the click rate for every row), steps that waited for their input (a starved device)."""
     out = []
+    share = result.input_wait_share
+    if share is not None and share >= INPUT_WAIT_WARN:
+        out.append(
+            f"the steps waited for their input {share:.0%} of their time (after the first "
+            "step): the input, not the model, set the pace. Day files made once "
+            "(dlrm-vrgd generate or preprocess) read far faster than live synthetic rows, and "
+            "run.input.workers adds builders (docs: Feeding the trainer)"
+        )
     best, val = result.best_val, result.val
     if best is not None and val.get("auc") is not None and val["auc"] < best["auc"]:
         line = (

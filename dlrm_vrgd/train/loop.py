@@ -127,6 +127,12 @@ class RunResult:
     #: ``{"step", "best_step", "best_val_auc", "patience"}`` when ``run.early_stop_patience``
     #: ended the run before its last step.
     stopped_early: dict[str, Any] | None = None
+    #: Of ``train_seconds``, the time the steps waited for their micro-batches (the sum of the
+    #: records' ``data_wait_s``).
+    input_wait_seconds: float = 0.0
+    #: The share of their time the steps after the first (which also starts the input) waited
+    #: for input; None with fewer than two steps.
+    input_wait_share: float | None = None
 
     @property
     def rows_per_second(self) -> float:
@@ -677,7 +683,8 @@ def train(
         cb.on_start(info)
 
     losses: list[float] = []
-    train_s = eval_s = 0.0
+    train_s = eval_s = wait_s = 0.0
+    steady_s = steady_wait_s = 0.0  # the steps after this process's first
     samples_before = trainer.step * run.global_batch
     periodic = bool(run.checkpoint_every or run.checkpoint_every_s)
     # periodic checkpoints, and (final_checkpoints) each new best validation AUC
@@ -693,6 +700,10 @@ def train(
             record = trainer.train_step()
             in_step = False
             train_s += record["step_seconds"]
+            wait_s += record["data_wait_s"]
+            if losses:  # not this process's first step
+                steady_s += record["step_seconds"]
+                steady_wait_s += record["data_wait_s"]
             losses.append(record["loss"])
             if sink and (record["step"] % run.log_every == 0 or record["step"] == 1):
                 sink.metrics({"kind": "train", **record})
@@ -794,6 +805,8 @@ def train(
         out_dir=out,
         train=_strip(finals[2]) if len(finals) > 2 else None,
         stopped_early=stopped_early,
+        input_wait_seconds=wait_s,
+        input_wait_share=steady_wait_s / steady_s if steady_s > 0 else None,
     )
     if sink:
         assert out is not None
@@ -840,6 +853,8 @@ def _write_result(
             "timings": {
                 "train_seconds": result.train_seconds,
                 "eval_seconds": result.eval_seconds,
+                "input_wait_seconds": result.input_wait_seconds,
+                "input_wait_share": result.input_wait_share,
                 "rows_per_s": trained / result.train_seconds if result.train_seconds > 0 else None,
             },
             "world_size": env.world_size,
