@@ -15,6 +15,8 @@ produce exactly the update they would have made on the whole global batch at onc
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
 
@@ -229,16 +231,42 @@ def space_buffers(
     return view.weights, view.states
 
 
+#: The TBE's keyword that lets a new TBE share existing host buffers (FBGEMM 1.7.0 and later).
+HOST_BUFFERS_KEYWORD = "preallocated_host_buffers"
+
+
+@functools.cache
+def takes_host_buffers(tbe_class: type) -> bool:
+    """Whether ``tbe_class``'s constructor has FBGEMM's ``preallocated_host_buffers`` keyword
+    (it arrived in FBGEMM 1.7.0; 1.6.0 raises TypeError on it). Read from the signature, once
+    per class: no version string is parsed. A ``**kwargs`` catch-all does not count."""
+    try:
+        params = inspect.signature(tbe_class.__init__).parameters
+    except (TypeError, ValueError):  # no readable signature: assume the older API
+        params = {}
+    found = HOST_BUFFERS_KEYWORD in params
+    if not found:
+        logger.warning(
+            "this FBGEMM's TBE (%s.%s) has no %s (FBGEMM < 1.7.0): CPU tables are updated "
+            "through the general replay, not one view per row space",
+            tbe_class.__module__,
+            tbe_class.__qualname__,
+            HOST_BUFFERS_KEYWORD,
+        )
+    return found
+
+
 def space_view(
     tbe: SplitTableBatchedEmbeddingBagsCodegen, layout: LookupLayout, space: RowSpace
 ) -> SplitTableBatchedEmbeddingBagsCodegen | None:
     """A one-table TBE over the weights and row-wise optimizer state of ``space``'s tables,
     sharing ``tbe``'s host buffers (FBGEMM's ``preallocated_host_buffers``): an update through
     it *is* an update of ``tbe``. Its single table is the row space, so global row ``i`` of the
-    space is its row ``i``. None where the tables are not consecutive in host memory (the
-    general :func:`replay_rows` then applies)."""
+    space is its row ``i``. None where the tables are not consecutive in host memory, or where
+    the installed FBGEMM lacks the keyword (:func:`takes_host_buffers`; before 1.7.0): the
+    general :func:`replay_rows` then applies."""
     views = space_buffers(tbe, layout, space)
-    if views is None:
+    if views is None or not takes_host_buffers(SplitTableBatchedEmbeddingBagsCodegen):
         return None
     weights, states = views
     buffers = {"weights": weights.view(-1)}

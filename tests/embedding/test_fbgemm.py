@@ -4,15 +4,25 @@ whole global batch (weights and optimizer state)."""
 from __future__ import annotations
 
 import copy
+import inspect
+import math
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice,
+    EmbeddingLocation,
+)
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 
+from dlrm_vrgd.embedding import fbgemm
 from dlrm_vrgd.embedding.fbgemm import FbgemmEmbeddingBagCollection, space_view
 from dlrm_vrgd.optim.sparse import SparseRowwiseOptimizer
+from dlrm_vrgd.train.loop import Trainer
 
+from ..conftest import tiny_config
 from .helpers import random_bags
 
 
@@ -169,3 +179,104 @@ def test_space_view_shares_the_tbe_buffers() -> None:
     spaces = mixed.capture.layout.spaces
     assert space_view(mixed.tbe, mixed.capture.layout, spaces[0]) is None  # t0, t2 apart
     assert space_view(mixed.tbe, mixed.capture.layout, spaces[1]) is not None
+
+
+# -- FBGEMM 1.6.0: no `preallocated_host_buffers` (it arrived in 1.7.0) -------------------------
+_REAL_TBE = fbgemm.SplitTableBatchedEmbeddingBagsCodegen
+
+
+def _signature_without_host_buffers() -> inspect.Signature:
+    sig = inspect.signature(_REAL_TBE.__init__)
+    params = [p for n, p in sig.parameters.items() if n != fbgemm.HOST_BUFFERS_KEYWORD]
+    return sig.replace(parameters=params)
+
+
+class Tbe16(_REAL_TBE):
+    """The TBE as FBGEMM 1.6.0 has it: its signature lacks the keyword, and passing it raises
+    the TypeError Python raises for an unknown keyword."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if fbgemm.HOST_BUFFERS_KEYWORD in kwargs:
+            raise TypeError(
+                "SplitTableBatchedEmbeddingBagsCodegen.__init__() got an unexpected keyword "
+                f"argument '{fbgemm.HOST_BUFFERS_KEYWORD}'"
+            )
+        super().__init__(*args, **kwargs)
+
+    __init__.__signature__ = _signature_without_host_buffers()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def fbgemm_1_6(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every TBE this project builds is 1.6.0's (ours and the views)."""
+    monkeypatch.setattr(fbgemm, "SplitTableBatchedEmbeddingBagsCodegen", Tbe16)
+
+
+def test_the_keyword_is_read_from_the_signature() -> None:
+    class CatchAll(_REAL_TBE):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+
+    assert fbgemm.takes_host_buffers(_REAL_TBE)  # this machine's FBGEMM 1.8
+    assert not fbgemm.takes_host_buffers(Tbe16)
+    assert not fbgemm.takes_host_buffers(CatchAll)  # **kwargs may drop it: not trusted
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        Tbe16([(4, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)], preallocated_host_buffers={})
+
+
+@pytest.mark.usefixtures("fbgemm_1_6")
+@pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "sgd"])
+def test_without_the_keyword_the_general_replay_equals_fused_whole_batch(optimizer) -> None:
+    bags = random_bags(ROWS_PER_FEATURE, batch=48, seed=7)
+    upstream = torch.randn(48, 16, generator=torch.Generator().manual_seed(2))  # 4 features x 4
+    ours = make(optimizer, PoolingType.SUM, False, dims=(4, 4, 4))  # one row space
+    ref = make(optimizer, PoolingType.SUM, False, dims=(4, 4, 4))
+    assert isinstance(ours.tbe, Tbe16)
+    (space,) = ours.capture.layout.spaces
+    assert space_view(ours.tbe, ours.capture.layout, space) is None
+    before = [w.clone() for w in ours.table_weights()]
+    run_deferred(ours, bags, upstream, micro=12, steps=3)
+    run_fused(ref, bags, upstream, steps=3)
+    for a, b, w0 in zip(ours.table_weights(), ref.table_weights(), before, strict=True):
+        torch.testing.assert_close(a, b)
+        assert not torch.equal(a, w0)
+    for a, b in zip(ours.row_states(), ref.row_states(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def _train(*overrides: str, steps: int = 3) -> tuple[list[float], list[torch.Tensor], Trainer]:
+    cfg = tiny_config("model.embedding_backend=fbgemm", f"run.steps={steps}", *overrides)
+    t = Trainer(cfg)
+    losses = [t.train_step()["loss"] for _ in range(steps)]
+    t.close_input()
+    return losses, [w.detach().clone() for w in t.lookups[0].table_weights()], t
+
+
+# GSNR (γ < 1: its own row-wise pass, and every step measured through the fused kernel at
+# γ = 1) and plain row-wise Adagrad (every row through the replay)
+@pytest.mark.parametrize(
+    "sparse",
+    [
+        ["optim.sparse.name=gsnr_rowwise_adagrad", "optim.sparse.gamma=0.2"],
+        ["optim.sparse.name=gsnr_rowwise_adagrad", "optim.sparse.gamma=1.0"],
+        ["optim.sparse.name=rowwise_adagrad"],
+    ],
+    ids=["gsnr", "gsnr-gamma1", "plain"],
+)
+def test_a_trainer_trains_on_fbgemm_1_6_as_on_1_8(
+    monkeypatch: pytest.MonkeyPatch, sparse: list[str]
+) -> None:
+    fast_losses, fast, t = _train(*sparse)
+    assert all(r is not None for r in t.lookups[0]._replays)  # 1.8: one view per row space
+    init = Trainer(tiny_config("model.embedding_backend=fbgemm", *sparse))
+    init.close_input()
+    w0 = [w.detach().clone() for w in init.lookups[0].table_weights()]
+    monkeypatch.setattr(fbgemm, "SplitTableBatchedEmbeddingBagsCodegen", Tbe16)
+    losses, weights, t = _train(*sparse)
+    assert isinstance(t.lookups[0].tbe, Tbe16)
+    assert all(r is None for r in t.lookups[0]._replays)  # 1.6: the general replay
+    assert all(math.isfinite(x) for x in losses)
+    assert any(not torch.equal(w, w_0) for w, w_0 in zip(weights, w0, strict=True))
+    assert losses == pytest.approx(fast_losses, rel=1e-5)
+    for a, b in zip(weights, fast, strict=True):
+        torch.testing.assert_close(a, b)
