@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from dlrm_vrgd.checkpoint import rng
 from dlrm_vrgd.checkpoint.layout import (
     BEST,
     MANIFEST,
@@ -223,8 +224,4 @@ def _state_problem(state: Any, manifest: dict[str, Any]) -> str | None:
             return "a tables entry is not {names, weights, states}"
     if not isinstance(state["dense_opt"], dict) or not isinstance(state["sparse_opt"], dict):
         return "an optimizer state is not a dict"
-    if not isinstance(state["rng"], dict) or not isinstance(
-        state["rng"].get("torch"), torch.Tensor
-    ):
-        return "rng holds no torch generator state"
-    return None
+    return rng.problem(state["rng"])

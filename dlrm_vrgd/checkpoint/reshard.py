@@ -95,6 +95,9 @@ class FullState:
     config: dict[str, Any]
     tables: dict[str, FullTable]  # by table name, in the order of the model's tables
     rank0: dict[str, Any]  # rank 0's state: dense, dense_opt, sparse_opt param groups, rng, ...
+    #: Each writing rank's CUDA generator (None where it ran on the CPU): a rank of the resumed
+    #: run takes the one of the rank with its number (:func:`rank_state`).
+    cuda_rng: list[torch.Tensor | None] = field(default_factory=list)
 
     @property
     def dense(self) -> dict[str, torch.Tensor]:
@@ -151,7 +154,8 @@ def gather_checkpoint(path: Path) -> FullState:
                     )
                 pieces[shard.name].append((shard, w, state_rows, e))
     tables = {name: _assemble(name, pieces[name], path) for name in _model_order(order)}
-    return FullState(int(manifest["step"]), world, manifest["config"], tables, states[0])
+    cuda = [st["rng"].get("cuda") for st in states]
+    return FullState(int(manifest["step"]), world, manifest["config"], tables, states[0], cuda)
 
 
 def _model_order(names: list[str]) -> list[str]:
@@ -221,10 +225,18 @@ def shard_scalars(table: FullTable, shard: Shard) -> tuple[torch.Tensor | None, 
     return state, ema
 
 
-def rank_state(full: FullState, lookups: list[Any], with_ema: bool) -> dict[str, Any]:
-    """The state dict (:meth:`Trainer.load_state_dict`'s) of a trainer whose row-wise lookups
-    are ``lookups`` (their ``table_names`` are shard labels), cut from ``full``."""
+def rank_state(
+    full: FullState, lookups: list[Any], with_ema: bool, rank: int = 0
+) -> dict[str, Any]:
+    """The state dict (:meth:`Trainer.load_state_dict`'s) of rank ``rank``, whose row-wise
+    lookups are ``lookups`` (their ``table_names`` are shard labels), cut from ``full``. Its CPU
+    generator is rank 0's (every rank seeds it alike); its CUDA generator is the one of the
+    writing rank with its number, if that rank ran on a GPU (a rank the old run did not have
+    keeps the run's seed: a resharded run is not bit for bit the old one anyway)."""
     state = dict(full.rank0)
+    state["rng"] = {"torch": full.rank0["rng"]["torch"]}
+    if rank < len(full.cuda_rng) and full.cuda_rng[rank] is not None:
+        state["rng"]["cuda"] = full.cuda_rng[rank]
     state.pop("noise_scale", None)  # its table EMAs are per rank: they start again
     tables_out = []
     ema_out = []

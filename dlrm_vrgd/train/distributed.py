@@ -2,7 +2,16 @@
 
 Launch: ``dlrm-vrgd train`` with ``run.nproc_per_node × run.nnodes > 1`` re-executes itself
 under torchrun (:func:`torchrun_command`); each rank then joins the process group from
-torchrun's environment (:func:`init_from_env`: gloo on CPU, nccl on CUDA).
+torchrun's environment (:func:`init_from_env`: gloo on CPU; on CUDA one group with two
+backends, ``cpu:gloo,cuda:nccl``, :func:`process_group_backend`).
+
+Where each collective runs: a tensor's device picks the backend. Device tensors (the dense
+optimizers' gradient sums, torchrec's all-to-alls, the step's one agreement of loss, stop
+requests and finiteness through :func:`summed`) go through nccl; host tensors and Python
+objects (the eval gather, the GSNR records, :func:`rank0_decides`, :func:`barrier`, the
+planner's plan) through gloo. An nccl-only group has no backend for the ``cpu`` device type,
+and every one of those would raise
+"No backend type associated with device type cpu".
 
 Layout of one global step of ``G = W × A × B`` rows over ``W`` ranks:
 
@@ -99,10 +108,16 @@ def init_from_env(cfg: TrainConfig) -> DistEnv:
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group(
-            backend="nccl" if cfg.run.device == "cuda" else "gloo",
+            backend=process_group_backend(cfg.run.device),
             timeout=datetime.timedelta(seconds=cfg.run.collective_timeout_s),
         )
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank)
+
+
+def process_group_backend(device: str) -> str:
+    """The process group's backend for ``run.device``: gloo on the CPU; on CUDA nccl for device
+    tensors *and* gloo for host tensors and objects (see the module docstring)."""
+    return "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
 
 
 def torchrun_command(cfg: TrainConfig, argv: list[str]) -> list[str]:
@@ -243,12 +258,13 @@ def _shard_label(table: Any) -> str:
 
 
 # ------------------------------------------------------------------------------- collectives
-def all_mean(value: float, env: DistEnv) -> float:
-    if not env.distributed:
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t[0]) / env.world_size
+def summed(values: torch.Tensor, env: DistEnv) -> list[float]:
+    """``values``, a small vector, summed over the ranks and read back to the host: one
+    collective on the tensor's own device (nccl for a CUDA tensor, gloo for a host one) and one
+    read-back."""
+    if env.distributed:
+        dist.all_reduce(values)
+    return values.tolist()
 
 
 def gather_objects(obj: Any, env: DistEnv) -> list[Any]:

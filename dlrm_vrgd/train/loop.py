@@ -30,6 +30,7 @@ import torch.distributed as dist
 from dlrm_vrgd import checkpoint as ckpt
 from dlrm_vrgd import rundir
 from dlrm_vrgd.advice import advise
+from dlrm_vrgd.checkpoint import rng
 from dlrm_vrgd.config import OPERATIONAL, RunConfig, TrainConfig, marked_fields
 from dlrm_vrgd.data import DataSplits, RowSource, build_splits
 from dlrm_vrgd.data.batch import Batch, TrainStream
@@ -47,12 +48,12 @@ from dlrm_vrgd.tracking.sink import stamped
 from dlrm_vrgd.train import stop
 from dlrm_vrgd.train.distributed import (
     DistEnv,
-    all_mean,
     barrier,
     gather_objects,
     rank0_decides,
     shard_model,
     sharded_lookups,
+    summed,
 )
 from dlrm_vrgd.train.evaluate import EvalBatch, evaluate_share, rank_share
 
@@ -207,6 +208,12 @@ class Trainer:
         #: The gradient noise scale (DESIGN.md 4.6): groups of B rows, updated every step.
         self.noise = NoiseScale(run.micro_batch, run.noise_scale_beta)
         self.step = 0
+        #: Set by each step's agreement: the signal every rank stops after this step with
+        #: (several ranks; one process asks :func:`stop.requested`).
+        self.stop_agreed: str | None = None
+        #: The last update's check of the dense weights (a device flag, 1 where one is not
+        #: finite), read back with the next step's agreement.
+        self._dense_broken: torch.Tensor | None = None
         self.best_val: dict[str, Any] | None = None
         self._eval_cache: dict[tuple[int, int | None], list[EvalBatch]] = {}
         #: split -> the last eval's ``probs`` / ``labels`` (until the sinks take them)
@@ -270,7 +277,7 @@ class Trainer:
             losses.append(loss.detach())
             del batch, loss  # the micro-batch's buffers are free: return their pages
             self.release_heap()
-        loss = all_mean(float(torch.stack(losses).mean()), self.env)
+        loss = self._agree(torch.stack(losses).mean())
         if not math.isfinite(loss):  # every rank sees the same mean: all stop together
             raise NonFiniteError(
                 f"step {step + 1}: the loss is {loss} (not finite); stopped before updating "
@@ -280,7 +287,9 @@ class Trainer:
         self.release_heap()  # the dense step's temporaries: the sparse step starts lower
         self.sparse_opt.step()
         self.noise.update(self.dense_opt.noise_pieces(), self.sparse_opt.noise_pieces())
-        self.check_finite(step + 1, tables=False)
+        with torch.no_grad():  # read back with the next step's agreement (or check_finite)
+            finite = [torch.isfinite(p).all() for _, p in self.model.named_dense_parameters()]
+            self._dense_broken = torch.stack(finite).logical_not().any()
         seconds = time.perf_counter() - t0
         self.step += 1
         record = {
@@ -295,8 +304,33 @@ class Trainer:
             # waited for input (micro-batches not built in time): the GPU starving shows here
             "data_wait_s": self.data_wait_s,
         }
-        record.update(compact_gsnr(self.dense_opt.gsnr_summary()))
+        if measure:  # the optimizer's figures are read back on the steps it measured only
+            record.update(compact_gsnr(self.dense_opt.gsnr_summary()))
         return record
+
+    def _agree(self, loss: torch.Tensor) -> float:
+        """The step's one collective and one read-back, before its update: this rank's mean
+        micro-batch ``loss`` (a device scalar), whether the previous update left a dense weight
+        not finite, and this rank's stop request (:func:`stop.flags`), summed over the ranks in
+        one vector on the run's device. Sets :attr:`stop_agreed`; returns the global mean
+        loss. Raises :class:`NonFiniteError` (on every rank alike) for the previous step's
+        weights."""
+        asked = stop.flags()
+        agreement = torch.zeros(2 + len(asked), dtype=torch.float64, device=self.device)
+        agreement[0] = loss  # copies on the device: nothing is read back before the sum
+        if self._dense_broken is not None:
+            agreement[1] = self._dense_broken
+        for i, flag in enumerate(asked):
+            if flag:
+                agreement[2 + i] = flag
+        total, broken, *signals = summed(agreement, self.env)
+        if broken > 0:
+            self.check_finite(self.step, tables=False)  # names the tensor (replicated)
+            raise NonFiniteError(
+                f"step {self.step}: a dense parameter of another rank is not finite"
+            )
+        self.stop_agreed = stop.agreed(signals)
+        return total / self.env.world_size
 
     def check_finite(self, step: int, tables: bool = True) -> None:
         """Raise :class:`NonFiniteError` naming ``step`` when a dense parameter (replicated:
@@ -316,7 +350,7 @@ class Trainer:
                 for name, w in zip(lk.table_names, lk.table_weights(), strict=True)
                 if not bool(torch.isfinite(w).all())
             ]
-        if all_mean(float(bool(bad)), self.env) > 0:
+        if summed(torch.tensor([float(bool(bad))], dtype=torch.float64), self.env)[0] > 0:
             where = f"table(s) {', '.join(bad)}" if bad else "a table of another rank"
             raise NonFiniteError(f"step {step}: {where} not finite")
 
@@ -399,7 +433,7 @@ class Trainer:
             "dense_opt": self.dense_opt.state_dict(),
             "sparse_opt": self.sparse_opt.state_dict(),
             "noise_scale": self.noise.state_dict(),
-            "rng": {"torch": torch.get_rng_state()},
+            "rng": rng.capture(self.device),
             "best_val": self.best_val,
             "config": self.cfg.to_dict(),
         }
@@ -426,7 +460,8 @@ class Trainer:
         self.noise.load_state_dict(
             state.get("noise_scale"), [n for lk in self.lookups for n in lk.table_names]
         )
-        torch.set_rng_state(state["rng"]["torch"])
+        rng.restore(state["rng"], self.device)
+        self._dense_broken = None  # a checkpoint's weights were checked when it was saved
         self.step = int(state["step"])
         self.best_val = state.get("best_val")
 
@@ -596,7 +631,7 @@ def load_checkpoint(trainer: Trainer, latest: Path) -> None:
 
     full = gather_checkpoint(latest)
     with_ema = bool(trainer.sparse_opt.gsnr and trainer.sparse_opt.estimator == "ema")
-    trainer.load_state_dict(rank_state(full, trainer.lookups, with_ema))
+    trainer.load_state_dict(rank_state(full, trainer.lookups, with_ema, trainer.env.rank))
 
 
 def train(
@@ -731,7 +766,7 @@ def train(
                 assert out is not None
                 trainer.save_checkpoint(out)
                 saved_step, saved_at = trainer.step, time.monotonic()
-            if (sig := stop.requested(env.distributed)) is not None:
+            if (sig := trainer.stop_agreed if env.distributed else stop.requested()) is not None:
                 agreed = True
                 raise KeyboardInterrupt(sig)  # every rank, after this same step
             if stopped_early is not None:

@@ -8,8 +8,11 @@ own SIGINT handler does (no checkpoint of a step cut midway) — unless it comes
 group and again by the process that forwards it).
 
 Several ranks: a rank interrupted mid-collective would leave the others waiting in it (or
-failing on a closed connection), so the signal only *requests* a stop; at the end of each
-step the ranks agree (one all-reduce of a flag) and all of them stop after the same step.
+failing on a closed connection), so the signal only *requests* a stop; in each step the ranks
+agree on it (its flags ride in the step's one all-reduce, with the loss: :func:`flags`,
+:func:`agreed`) and all of them stop after the same step. A request that comes after that
+collective (during the optimizer step, an eval or a checkpoint) is agreed on in the next step,
+which all ranks then finish and checkpoint.
 The ``dlrm-vrgd train`` launcher runs torchrun in a session of its own, so a terminal's Ctrl-C
 reaches the launcher alone; it forwards the signal to the ranks (a second one kills them at
 once) and exits 130 when the run says it was interrupted (:func:`launch_and_forward`).
@@ -24,9 +27,6 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
-
-import torch
-import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
@@ -73,14 +73,23 @@ def install(cooperative: bool) -> None:
         signal.signal(sig, _request if cooperative else _raise)
 
 
-def requested(distributed: bool) -> str | None:
-    """The signal's name if any rank was asked to stop (a collective when ``distributed``:
-    every rank calls it after every step), else None."""
-    if not distributed:
-        return signal_name(_requested[0]) if _requested else None
-    flag = torch.tensor([_requested[0] if _requested else 0], dtype=torch.int32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return signal_name(int(flag[0])) if int(flag[0]) else None
+def requested() -> str | None:
+    """The name of the signal this process was asked to stop with, else None (one process:
+    several ranks agree through :func:`flags` and :func:`agreed`)."""
+    return signal_name(_requested[0]) if _requested else None
+
+
+def flags() -> list[float]:
+    """This rank's stop request as one flag per signal of :data:`_STOP_SIGNALS` (1.0: asked with
+    it): summed over the ranks, they say which signals any rank got."""
+    return [1.0 if sig in _requested else 0.0 for sig in _STOP_SIGNALS]
+
+
+def agreed(summed: list[float]) -> str | None:
+    """The signal all ranks stop with, from :func:`flags` summed over the ranks: the highest
+    numbered one any rank got (SIGTERM before SIGINT), else None."""
+    asked = [sig for sig, n in zip(_STOP_SIGNALS, summed, strict=True) if n > 0]
+    return signal_name(max(asked)) if asked else None
 
 
 # ----------------------------------------------------------------------------- the launcher

@@ -21,7 +21,7 @@ def test_a_forwarded_copy_is_the_same_request_and_a_later_one_stops_at_once(monk
         stop._request(signal.SIGTERM, None)
         clock[0] += 0.01  # the group's copy and the supervisor's, milliseconds apart
         stop._request(signal.SIGTERM, None)
-        assert stop.requested(False) == "SIGTERM"
+        assert stop.requested() == "SIGTERM"
         clock[0] += stop.SAME_REQUEST_S
         with pytest.raises(KeyboardInterrupt, match="SIGINT"):
             stop._request(signal.SIGINT, None)  # a user's second Ctrl-C
