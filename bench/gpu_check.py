@@ -1,24 +1,30 @@
 """The GPU check: agreement with the CPU, then where a 512k step's time goes end to end.
 
 One command on a CUDA host (<= 8 minutes on one H200), in sections, each a function of its
-own (:data:`SECTIONS`; ``--only`` picks some):
+own (:data:`SECTIONS`; ``--only`` picks some). Every section runs whatever the ones before it
+did: one that raises is printed with its traceback and recorded in ``--json`` as its ``error``
+and ``traceback`` (the file is rewritten after every section), and the exit status is 1 at the
+end if any section failed or the agreement did not hold.
 
 1. ``agreement``: the device against the CPU from identical weights, step by step
    (bench/device_agreement.py: the device takes the CPU trainer's whole state before every
-   step; losses and dense layers to float32 precision; every table row held to the difference
-   its row-wise step may show given the two devices' own mean gradients and ratios, with a
-   breakdown per table), on FBGEMM's tables when they import; then each VR optimizer alone on
-   random gradient groups.
-2. ``throughput``: the Kaggle-sized DLRM (configs/synthetic_kaggle.yaml) at 8 x 64k rows a
+   step; losses and dense layers to float32 precision; every table row's mean gradient, ratio,
+   row-wise state and weights held to float32 rounding by tolerances from the CPU's side
+   alone; a breakdown per table), on FBGEMM's tables when they import; then each VR optimizer
+   alone on random gradient groups.
+2. ``syncs`` (CUDA only; skipped on a CPU): one model-bound step of the Kaggle-sized DLRM at
+   8 x 8k rows, plain and VR, under ``torch.cuda.set_sync_debug_mode("warn")``: the host syncs
+   it saw, counted per Python line that called the op.
+3. ``throughput``: the Kaggle-sized DLRM (configs/synthetic_kaggle.yaml) at 8 x 64k rows a
    step, plain (AdamW + row-wise Adagrad) and VR (VR-Adam + GSNR row-wise Adagrad), on
    FBGEMM's tables when ``fbgemm_gpu`` and torchrec import (the pure-PyTorch tables when not),
    each fed three ways: micro-batches built once and reused (*model-bound*), the trainer's own
    input pipeline from day files written by ``dlrm-vrgd generate`` (*npy*), and from live
    synthetic data (*live*). One table: s / step, rows/s, the share of the model-bound rate,
    ``data_wait_s`` per step and peak memory. Targets: npy >= 0.9 x model-bound, live >= 0.5 x.
-3. ``breakdown``: where a model-bound 8 x 64k step's time goes, plain beside VR, the device
+4. ``breakdown``: where a model-bound 8 x 64k step's time goes, plain beside VR, the device
    synchronised around each part (bench/step_breakdown.py). Target: VR / plain <= 1.10.
-4. ``nvidia``: NVIDIA's DLRM shape on Kaggle (configs/nvidia_dlrm_kaggle.yaml: 33.8M table
+5. ``nvidia``: NVIDIA's DLRM shape on Kaggle (configs/nvidia_dlrm_kaggle.yaml: 33.8M table
    rows x 128, MLPs 512-256-128 / 1024-1024-512-256-1) at batch 64k, model-bound, plain, in
    fp32, tf32 and bf16, and bf16 with fp16 tables. NVIDIA's figure: 4.02M rows/s on one A100
    (AMP); target >= 4.02M with bf16.
@@ -41,6 +47,9 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -102,7 +111,59 @@ def section_agreement(args: argparse.Namespace) -> dict[str, Any]:
     return {"ok": not problems, "problems": problems, "tables": tables}
 
 
-# ------------------------------------------------------------------- 2. throughput
+# -------------------------------------------------------------------- 2. syncs
+#: What torch.cuda.set_sync_debug_mode("warn") warns with.
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def count_syncs(fn: Callable[[], Any]) -> dict[str, int]:
+    """Run ``fn`` under ``torch.cuda.set_sync_debug_mode("warn")``: the host syncs it caused,
+    counted per Python line that called the op (``file:line``), most first."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every sync, not the first of each line only
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = Counter(
+        f"{short_path(w.filename)}:{w.lineno}" for w in caught if SYNC_WARNING in str(w.message)
+    )
+    return dict(sites.most_common())
+
+
+def short_path(filename: str) -> str:
+    path = Path(filename)
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else filename
+
+
+def section_syncs(args: argparse.Namespace) -> dict[str, Any]:
+    """2: the host syncs of one model-bound training step, plain and VR (CUDA only)."""
+    print("\n== syncs: one training step under torch.cuda.set_sync_debug_mode('warn')")
+    if args.device != "cuda":
+        print("skipped: no CUDA")
+        return {"skipped": "no CUDA"}
+    backend = embedding_backend()
+    micro, k = 8192, 8
+    out: dict[str, Any] = {}
+    for optim in OPTIMIZERS:
+        cfg = kaggle(args.device, backend, micro, k, 4 * k * micro, optim)
+
+        def one_step(t: Trainer) -> dict[str, Any]:
+            t.train_step()  # warm-up: lazily built state, first allocations
+            reuse_micro_batches(t)
+            sites = count_syncs(t.train_step)
+            torch.cuda.synchronize()
+            return {"count": sum(sites.values()), "sites": sites}
+
+        out[optim] = with_trainer(cfg, args.device, one_step)
+        print(f"{optim}: {out[optim]['count']} syncs in one step ({k} x {micro:,} rows)")
+        for site, n in out[optim]["sites"].items():
+            print(f"  {n:4d}  {site}")
+    return out
+
+
+# ------------------------------------------------------------------- 3. throughput
 def embedding_backend() -> str:
     """``fbgemm`` when FBGEMM and torchrec import, else ``torch`` (pure PyTorch)."""
     try:
@@ -203,7 +264,7 @@ def with_trainer(cfg: TrainConfig, device: str, fn: Callable[[Trainer], Any]) ->
 
 
 def section_throughput(args: argparse.Namespace) -> dict[str, Any]:
-    """2: model-bound and end-to-end rows/s of plain and VR (module docstring)."""
+    """3: model-bound and end-to-end rows/s of plain and VR (module docstring)."""
     device, backend = args.device, embedding_backend()
     micro, k = (2048, 8) if args.quick else (65536, 8)
     warmup, steps = (1, 2) if args.quick else (2, 5)
@@ -262,9 +323,9 @@ def print_throughput(rows: dict[str, dict[str, float]], device: str) -> None:
             print("  ".join("-" * w for w in widths))
 
 
-# -------------------------------------------------------------------- 3. breakdown
+# -------------------------------------------------------------------- 4. breakdown
 def section_breakdown(args: argparse.Namespace) -> dict[str, Any]:
-    """3: a model-bound step's parts, plain and VR (bench/step_breakdown.py)."""
+    """4: a model-bound step's parts, plain and VR (bench/step_breakdown.py)."""
     from step_breakdown import PARTS, breakdown
 
     backend = embedding_backend()
@@ -289,7 +350,7 @@ def section_breakdown(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-# -------------------------------------------------------------------- 4. nvidia
+# -------------------------------------------------------------------- 5. nvidia
 NVIDIA_A100_ROWS_PER_S = 4.02e6
 
 #: (label, overrides) of the NVIDIA-shape variants.
@@ -302,7 +363,7 @@ NVIDIA_VARIANTS = [
 
 
 def section_nvidia(args: argparse.Namespace) -> dict[str, Any]:
-    """4: NVIDIA's DLRM shape at batch 64k, model-bound, per precision."""
+    """5: NVIDIA's DLRM shape at batch 64k, model-bound, per precision."""
     backend = embedding_backend()
     batch = 4096 if args.quick else 65536
     rows = ["data.val_rows=4096", "data.test_rows=4096"]  # the shape's tables, few eval rows
@@ -350,6 +411,7 @@ def print_rows(head: list[str], rows: list[list[str]]) -> None:
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "agreement": section_agreement,
+    "syncs": section_syncs,
     "throughput": section_throughput,
     "breakdown": section_breakdown,
     "nvidia": section_nvidia,
@@ -373,11 +435,33 @@ def main() -> None:
     else:
         print(f"CPU ({os.cpu_count()} cores), torch {torch.__version__}")
     t0 = time.perf_counter()
-    results = {name: SECTIONS[name](args) for name in args.only or SECTIONS}
+    results = run_sections(args.only or list(SECTIONS), args)
     print(f"\ngpu_check: {time.perf_counter() - t0:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
-    sys.exit(0 if results.get("agreement", {"ok": True})["ok"] else 1)
+    failed = [name for name, r in results.items() if "error" in r]
+    if failed:
+        print("FAILED sections:", ", ".join(failed))
+    agreed = results.get("agreement", {}).get("ok", True)
+    sys.exit(1 if failed or not agreed else 0)
+
+
+def run_sections(names: list[str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Every section in ``names``, each whatever the ones before it did: a section that raises
+    is recorded as its ``error`` and ``traceback`` (and printed). With ``--json`` the figures
+    are written after every section, so a run cut short keeps what it measured."""
+    results: dict[str, dict[str, Any]] = {}
+    for name in names:
+        try:
+            results[name] = SECTIONS[name](args)
+        except Exception as e:
+            tb = traceback.format_exc()
+            print(f"\n!! section {name} FAILED:\n{tb}", flush=True)
+            results[name] = {"error": f"{type(e).__name__}: {e}", "traceback": tb}
+        gc.collect()  # what a failed section held, before the next one builds its own
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return results
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ def test_every_section_runs_on_the_cpu(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     figures = json.loads(out.read_text())
-    assert set(figures) == {"agreement", "throughput", "breakdown", "nvidia"}
+    assert list(figures) == ["agreement", "syncs", "throughput", "breakdown", "nvidia"]
+    assert not any("error" in section for section in figures.values()), figures
     assert figures["agreement"]["ok"] and not figures["agreement"]["problems"]
+    assert figures["syncs"] == {"skipped": "no CUDA"}
     assert {"plain", "VR", "vr_over_plain"} <= set(figures["breakdown"])
     assert {"fp32", "tf32", "bf16"} <= set(figures["nvidia"])
     for mode in ("plain/model-bound", "VR/npy", "VR/live"):
