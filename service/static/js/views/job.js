@@ -71,6 +71,14 @@ export async function jobView(main, jobId) {
   const attemptsBox = h("ol", { class: "attempts muted small", id: "job-attempts", hidden: true });
   const chartGrid = h("div", { class: "chart-grid", id: "charts" });
   const gsnrSection = h("section", { class: "card gsnr-section", id: "gsnr" });
+  // a train job's batch-size advice: the API's `text`, the very words `dlrm-vrgd advise` prints
+  const adviceText = h("pre", { class: "code advice-text", id: "advice-text" });
+  const adviceSection = h(
+    "section",
+    { class: "card advice-section", id: "advice", hidden: true },
+    h("div", { class: "card-head" }, h("h3", {}, "Batch-size advice"), h("span", { class: "muted small" }, "dlrm-vrgd advise: B_simple over the last half of the steps recorded")),
+    adviceText,
+  );
   const resultsBox = h("section", { class: "card results", id: "results" });
   const cellsBox = h("section", { class: "card cells-section", id: "study-cells" });
   const tabsBox = h("section", { class: "card tabs-card" });
@@ -93,6 +101,7 @@ export async function jobView(main, jobId) {
     cellsBox,
     chartGrid,
     gsnrSection,
+    adviceSection,
     tabsBox,
     dialog.el,
   );
@@ -248,6 +257,19 @@ export async function jobView(main, jobId) {
     state.drawnVersion = drawn;
   }
 
+  /** The advice as the API words it (GET /jobs/{id}/advice: its `text` is the CLI's). */
+  async function refreshAdvice() {
+    if (!isTrain) return;
+    try {
+      const advice = await api(`${path}/advice`, { signal: stop.signal });
+      adviceText.textContent = typeof advice.text === "string" ? advice.text : "";
+      adviceSection.hidden = !adviceText.textContent;
+      state.adviceLoaded = true;
+    } catch (err) {
+      if (!stop.signal.aborted) console.warn("could not read the advice", err);
+    }
+  }
+
   async function refreshResults() {
     try {
       const list = await api(`${path}/artifacts`, { signal: stop.signal });
@@ -338,6 +360,7 @@ export async function jobView(main, jobId) {
   for (const rec of gsnrPage.data) series.addGsnr(rec);
   redraw();
   refreshResults();
+  refreshAdvice();
   state.historyLastStep = series.lastStep(); // anything beyond came over the stream
   state.historyLoaded = true;
 
@@ -346,6 +369,8 @@ export async function jobView(main, jobId) {
     // a study writes its result files as it goes
     resultsTimer = setInterval(refreshResults, 15_000);
   }
+  // a running train job's advice moves with its gsnr.jsonl
+  const adviceTimer = isTrain && ACTIVE.has(job.state) ? setInterval(refreshAdvice, 30_000) : null;
 
   followEvents(jobId, {
     after: cursor,
@@ -373,6 +398,8 @@ export async function jobView(main, jobId) {
         }
         if (name === "end") {
           clearInterval(resultsTimer);
+          clearInterval(adviceTimer);
+          refreshAdvice();
           refreshResults();
           tabs.refresh();
         }
@@ -385,6 +412,7 @@ export async function jobView(main, jobId) {
       stop.abort();
       clearInterval(clock);
       clearInterval(resultsTimer);
+      clearInterval(adviceTimer);
       clearTimeout(timer);
       results.destroy();
       cells.destroy();

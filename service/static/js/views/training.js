@@ -176,7 +176,7 @@ export class TrainingCharts {
     this.subtitles.noise.textContent = s.noiseReason
       ? `no estimate: ${s.noiseReason}`
       : isNum(bn) && isNum(gb)
-        ? `B_simple ${compact(bn, 3)} · G ${compact(gb, 3)} = ${fmt(gb / bn, 2)} × B_simple`
+        ? `latest smoothed B_simple ${compact(bn, 3)} · G ${compact(gb, 3)} (the advice below judges the window's estimate)`
         : "";
   }
 
