@@ -637,14 +637,15 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    from dlrm_vrgd.advice import advise, render
+    from dlrm_vrgd.advice import advise
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         print(f"error: {run_dir} is not a directory", file=sys.stderr)
         return 2
     advice = advise(run_dir, args.last)
-    print(json.dumps(advice, indent=2) if args.json else render(advice))
+    # the text is the advice's own (the API and the dashboard show the same words)
+    print(json.dumps(advice, indent=2) if args.json else advice["text"])
     return 0
 
 
