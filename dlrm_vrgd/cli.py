@@ -176,7 +176,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if distributed.under_torchrun():
         return _train_rank(cfg, args)
     from dlrm_vrgd.train import stop
-    from dlrm_vrgd.train.loop import train
+    from dlrm_vrgd.train.run import train
 
     # Ctrl-C / SIGTERM: stop after this step and checkpoint it (a second one: at once)
     stop.install(cooperative=True)
@@ -200,7 +200,8 @@ def _launch_torchrun(cfg: TrainConfig, args: argparse.Namespace) -> int:
     from dlrm_vrgd.data import build_splits
     from dlrm_vrgd.data.batch import TrainStream
     from dlrm_vrgd.train import distributed, stop
-    from dlrm_vrgd.train.loop import check_resume, finished_run, stored_result
+    from dlrm_vrgd.train.resume import check_resume, finished_run
+    from dlrm_vrgd.train.run import stored_result
 
     check_resume(Path(args.out), cfg, args.resume)
     rows = build_splits(cfg.data).train
@@ -243,7 +244,7 @@ def _train_rank(cfg: TrainConfig, args: argparse.Namespace) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from dlrm_vrgd.train import distributed, stop
-    from dlrm_vrgd.train.loop import RunInterrupted, train
+    from dlrm_vrgd.train.run import RunInterrupted, train
 
     distributed.die_with_parent()  # a SIGKILLed launcher (torchrun) takes its ranks with it
     stop.install(cooperative=True)  # SIGINT / SIGTERM: every rank stops after the same step

@@ -271,7 +271,7 @@ def test_a_run_whose_steps_wait_for_input_is_told_so(tmp_path: Path) -> None:
 
 def test_the_input_wait_warning_reads_the_share_after_the_first_step() -> None:
     from dlrm_vrgd.cli import result_warnings
-    from dlrm_vrgd.train.loop import RunResult
+    from dlrm_vrgd.train.run import RunResult
 
     def warnings(share: float | None) -> list[str]:
         figures = {"auc": 0.7, "ne": 0.9}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dlrm_vrgd.config import load_config
-from dlrm_vrgd.train.loop import train
+from dlrm_vrgd.train.run import train
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -96,7 +96,7 @@ def test_torch_backend_needs_neither_torchrec_nor_fbgemm(tmp_path) -> None:
         sys.meta_path.insert(0, Block())
         sys.path.insert(0, %r)
         from tests.conftest import tiny_config
-        from dlrm_vrgd.train.loop import train
+        from dlrm_vrgd.train.run import train
         result = train(tiny_config("model.embedding_backend=torch",
                                    "optim.sparse.name=gsnr_rowwise_adagrad"), %r)
         assert not any(m.split(".")[0] in ("torchrec", "fbgemm_gpu") for m in sys.modules)

@@ -119,10 +119,11 @@ def cell_figures(study: StudyConfig, cell: Cell, run_dir: Path) -> dict[str, Any
         # [fraction of training, dense ratio, table ratio] (the plots read it)
         "gsnr_curve": curve,
         # the gradient noise scale (DESIGN.md 4.6): the model's B_simple over the last half of
-        # training (median, 10th and 90th percentiles, as `dlrm-vrgd advise`), and its curve
+        # training (the window's ratio of means, `dlrm-vrgd advise`'s headline), the 10th and
+        # 90th percentiles of its smoothed per-step series there (its drift), and its curve
         "b_simple": late.get("b_simple"),
-        "b_simple_p10": late.get("p10"),
-        "b_simple_p90": late.get("p90"),
+        "b_simple_p10": (late.get("smoothed") or {}).get("p10"),
+        "b_simple_p90": (late.get("smoothed") or {}).get("p90"),
         "b_simple_curve": noise,
     }
 

@@ -142,7 +142,7 @@ def run_study(
             if run_dir.exists():  # interrupted: start the cell again
                 shutil.rmtree(run_dir)
         if study.workers == 1:
-            from dlrm_vrgd.train.loop import train
+            from dlrm_vrgd.train.run import train
 
             clock = time.perf_counter if budget is None else budget.clock
             for i, cell in todo:
@@ -396,7 +396,7 @@ def _train_cell(config: dict[str, Any], run_dir: str, threads: int) -> None:
     import torch
 
     from dlrm_vrgd.config import parse_config
-    from dlrm_vrgd.train.loop import train
+    from dlrm_vrgd.train.run import train
 
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     torch.set_num_threads(threads)

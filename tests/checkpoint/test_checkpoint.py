@@ -9,7 +9,7 @@ import pytest
 
 from dlrm_vrgd import checkpoint as ckpt
 from dlrm_vrgd.rundir import read_jsonl
-from dlrm_vrgd.train.loop import Callback, train
+from dlrm_vrgd.train.run import Callback, train
 
 from ..conftest import tiny_config
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from dlrm_vrgd import checkpoint as ckpt
 from dlrm_vrgd.checkpoint.reshard import gather_checkpoint
-from dlrm_vrgd.train.loop import Callback, train
+from dlrm_vrgd.train.run import Callback, train
 
 from ..conftest import fill_disk, tiny_config, tiny_config_dict
 from ..tamper import Payload, mutate_dir, sha256, states_equal

@@ -18,7 +18,8 @@ from dlrm_vrgd.checkpoint.reshard import (
     shard_scalars,
 )
 from dlrm_vrgd.config import parse_config
-from dlrm_vrgd.train.loop import Trainer, load_checkpoint
+from dlrm_vrgd.train.loop import Trainer
+from dlrm_vrgd.train.resume import load_checkpoint
 
 from ..train.test_distributed import assert_same_model, cli, losses, train, write_config
 

@@ -18,7 +18,7 @@ from dlrm_vrgd.config import ConfigError
 from dlrm_vrgd.embedding.fbgemm import FbgemmEmbeddingBagCollection
 from dlrm_vrgd.embedding.views import stochastic_round
 from dlrm_vrgd.optim.sparse import SparseRowwiseOptimizer
-from dlrm_vrgd.train.loop import Callback, train
+from dlrm_vrgd.train.run import Callback, train
 
 from ..conftest import tiny_config
 

@@ -26,7 +26,7 @@ from dlrm_vrgd.study.budget import (
 )
 from dlrm_vrgd.study.config import Cell
 from dlrm_vrgd.study.ledger import CURVE_POINTS
-from dlrm_vrgd.train.loop import Callback
+from dlrm_vrgd.train.run import Callback
 
 from .test_study import TINY
 
@@ -186,7 +186,7 @@ from pathlib import Path
 torch.set_num_threads(1)
 from dlrm_vrgd.study import StudyConfig, run_study
 import yaml
-from dlrm_vrgd.train.loop import Callback
+from dlrm_vrgd.train.run import Callback
 
 class Killer(Callback):
     # SIGKILL in the middle of cell number `at` (its second step): no cleanup of any kind

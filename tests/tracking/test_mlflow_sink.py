@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from dlrm_vrgd.study import StudyConfig, run_study
-from dlrm_vrgd.train.loop import train
+from dlrm_vrgd.train.run import train
 
 from ..conftest import tiny_config, tiny_config_dict
 from .events import jsonl

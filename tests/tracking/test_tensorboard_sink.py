@@ -17,7 +17,7 @@ import pytest
 
 from dlrm_vrgd.cli import main
 from dlrm_vrgd.tracking import tensorboard_sink
-from dlrm_vrgd.train.loop import train
+from dlrm_vrgd.train.run import train
 
 from ..conftest import tiny_config
 from .events import accumulator, f32, hparams, jsonl, scalars

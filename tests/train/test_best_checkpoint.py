@@ -14,7 +14,7 @@ import yaml
 
 from dlrm_vrgd import checkpoint as ckpt
 from dlrm_vrgd.rundir import read_jsonl
-from dlrm_vrgd.train.loop import Callback, train
+from dlrm_vrgd.train.run import Callback, train
 
 from ..conftest import tiny_config, tiny_config_dict
 

@@ -20,7 +20,8 @@ import yaml
 from dlrm_vrgd.data.batch import TrainStream
 from dlrm_vrgd.data.pipeline import InputWorkerError
 from dlrm_vrgd.rundir import read_jsonl
-from dlrm_vrgd.train.loop import Trainer, train
+from dlrm_vrgd.train.loop import Trainer
+from dlrm_vrgd.train.run import train
 
 from ..conftest import tiny_config, tiny_config_dict
 from ..data.pipeline.helpers import alive, children

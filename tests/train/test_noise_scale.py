@@ -16,7 +16,8 @@ import torch
 from dlrm_vrgd.advice import advise_records, quantile
 from dlrm_vrgd.optim.noise_scale import SINGLE_GROUP_REASON
 from dlrm_vrgd.rundir import read_jsonl
-from dlrm_vrgd.train.loop import Trainer, train
+from dlrm_vrgd.train.loop import Trainer
+from dlrm_vrgd.train.run import train
 
 from ..conftest import tiny_config
 
@@ -97,7 +98,12 @@ def test_advise_cli_on_the_run(run: Path) -> None:
         for r in read_jsonl(run / "gsnr.jsonl")
         if r["step"] > 3 and r["noise_scale"]["dense"]["b_simple"] is not None
     )
-    assert advice["scopes"]["dense"]["b_simple"] == pytest.approx(statistics.median(values))
+    dense = advice["scopes"]["dense"]
+    assert dense["smoothed"]["median"] == pytest.approx(statistics.median(values))
+    window = [r["noise_scale"]["dense"] for r in read_jsonl(run / "gsnr.jsonl") if r["step"] > 3]
+    g2 = sum(d["g2_raw"] for d in window)
+    est = sum(d["s_raw"] for d in window) / g2 if g2 > 0 else None
+    assert dense["b_simple"] == (pytest.approx(est) if est is not None else None)
     text = subprocess.run(
         [sys.executable, "-m", "dlrm_vrgd.cli", "advise", str(run)],
         capture_output=True,
@@ -129,8 +135,9 @@ def test_advice_numbers_by_hand() -> None:
     model at B = G: steps/S_min = 1 + 400/1000 = 1.4, rows/E_min = 1 + 1000/400 = 3.5."""
 
     def rec(step: int, b: float | None) -> tuple[int, dict]:
+        raw = {"s_raw": 400.0, "g2_raw": 1.0}  # the window's ratio of means: 400
         return step, {"k": 4, "rows_per_group": 250, "global_batch": 1000,
-                      "dense": {"b_simple": b}}  # fmt: skip
+                      "dense": {"b_simple": b, **raw}}  # fmt: skip
 
     records = [
         rec(2, 10.0),
@@ -143,8 +150,10 @@ def test_advice_numbers_by_hand() -> None:
     advice = advise_records(records, last=0.5)
     dense = advice["scopes"]["dense"]
     assert advice["steps"] == [6, 10]
-    assert dense["b_simple"] == 400.0 and dense["p10"] == pytest.approx(320.0)
-    assert dense["p90"] == pytest.approx(480.0) and dense["records_without_estimate"] == 1
+    smoothed = dense["smoothed"]
+    assert smoothed["median"] == 400.0 and smoothed["p10"] == pytest.approx(320.0)
+    assert smoothed["p90"] == pytest.approx(480.0) and smoothed["records_without_estimate"] == 1
+    assert dense["b_simple"] == 400.0  # the headline: the window's ratio of means
     assert dense["g_over_b_simple"] == pytest.approx(2.5)
     at = {t["batch_over_g"]: t for t in dense["tradeoff"]}
     assert at[1.0]["steps_over_min"] == pytest.approx(1.4)
@@ -163,7 +172,8 @@ def test_advice_skips_malformed_lines() -> None:
     found = list(noise_records(lines))
     assert [s for s, _ in found] == [3, 4]
     advice = advise_records(found)
-    assert advice["scopes"]["dense"]["b_simple"] == 2.0 and advice["global_batch"] is None
+    assert advice["scopes"]["dense"]["smoothed"]["median"] == 2.0
+    assert advice["global_batch"] is None
     assert advise_records([])["reason"].startswith("no noise_scale records")
 
 

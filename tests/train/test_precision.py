@@ -15,7 +15,8 @@ import torch
 
 from dlrm_vrgd.config import load_config
 from dlrm_vrgd.precision import configure
-from dlrm_vrgd.train.loop import Trainer, train
+from dlrm_vrgd.train.loop import Trainer
+from dlrm_vrgd.train.run import train
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dlrm_vrgd.train.loop import check_resume, train
+from dlrm_vrgd.train.resume import check_resume
+
+from dlrm_vrgd.train.run import train
 
 from ..conftest import tiny_config
 

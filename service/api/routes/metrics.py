@@ -89,7 +89,9 @@ def get_advice(
     ] = 0.5,
 ) -> dict[str, Any]:
     """``dlrm-vrgd advise`` for a train job, finished or still running: B_simple over the
-    last part of training (median, p10, p90) for the model, its dense layers and its tables,
-    where the job's global batch G stands relative to it, and McCandlish et al.'s trade-off
-    at G/4 … 4G (the paper's model, not a promise). 404 for a job that is not a train job."""
+    last part of training (the window's ratio of means, with its 95% interval where the
+    records carry one) for the model, its dense layers and its tables, where the job's global
+    batch G stands relative to it, and McCandlish et al.'s trade-off at G/4 … 4G (the paper's
+    model, not a promise); ``text`` is what the CLI prints. 404 for a job that is not a train
+    job."""
     return service.advice(job_id, last)
