@@ -16,6 +16,15 @@ Rows of all features mapped to the same table are summed before anything else. E
 the per-sample weights or pooling: one ``bincount`` of the ids already sorted for the sum when
 every bag holds one id, one more sort of the ``(row, sample)`` pairs for multi-hot bags.
 
+The number of distinct ``(row, group)`` pairs depends on the ids, and a ``unique`` that sizes its
+output by it waits for the device. With ``static_size`` (the route a GPU takes,
+:class:`LookupCapture`'s flag) the reduction is a sort instead: the ids are sorted by
+``(row, sample)``, run starts are marked, a ``cumsum`` numbers the runs, and the sums go into
+buffers with one slot per looked-up id — a size known before the ids are. The first ``U`` slots
+hold the ``U`` pairs, sorted; the others are padding (``RowGrads.valid`` false), copies of the last
+pair with a zero gradient and a zero count, so that a merge, a gather or a write of them changes
+nothing. ``U`` stays on the device; nothing is read back.
+
 Tables that share an embedding dim are numbered into one *row space* (:class:`RowSpace`, like
 the TBE's own ``hash_size_cumsum``), so one micro-batch costs one sort of its looked-up ids and
 one ``index_add`` per distinct dim — not one per table.
@@ -91,12 +100,17 @@ class RowGrads:
     ``rows`` U int64 global rows, ``groups`` U int64 (0..G-1 within the call), ``grads`` U x D,
     ``counts`` U int64: samples (bags of ``[0, B)``) of the group whose lookups hold the row's id
     (>= 1; an id twice in one sample counts once).
+
+    ``valid`` (U bool) is set on padded results (``static_size``): the pairs are its true
+    entries, all before its false ones; a padding entry repeats the last pair's row and group
+    with a zero gradient and a zero count. None: every entry is a pair.
     """
 
     rows: torch.Tensor
     groups: torch.Tensor
     grads: torch.Tensor
     counts: torch.Tensor
+    valid: torch.Tensor | None = None
 
     @staticmethod
     def empty(dim: int, device: torch.device | None = None) -> RowGrads:
@@ -115,6 +129,7 @@ def pooled_grad_to_rows(
     *,
     count_ids: bool = True,
     one_hot: bool | None = None,
+    static_size: bool = False,
 ) -> list[RowGrads]:
     """Reduce the pooled-output gradient ``grad`` (B x ΣD_f) to row gradients, one
     :class:`RowGrads` per row space of ``layout``.
@@ -126,6 +141,8 @@ def pooled_grad_to_rows(
     ``one_hot``: whether every bag holds exactly one id — None reads the lengths to find out (a
     host sync on a GPU), True is the caller's word for it (the trainer's rows hold one id per
     table) and takes the one-hot path whenever there are ``F·B`` ids, with no read-back.
+    ``static_size``: reduce by a sort into one slot per looked-up id, padded (see the module
+    doc): no read-back on the one-hot path.
     """
     num_features = len(layout.feature_table)
     num_bags = (offsets.numel() - 1) // num_features
@@ -164,6 +181,9 @@ def pooled_grad_to_rows(
             out.append(RowGrads.empty(space.dim, device))
             continue
         rows, bag, contrib, shared = ids
+        if static_size:
+            out.append(_sorted_pairs(rows, bag, contrib, num_bags, num_groups, count_ids))
+            continue
         if num_groups == 1:
             keys = rows
         else:
@@ -180,6 +200,47 @@ def pooled_grad_to_rows(
         else:
             out.append(RowGrads(uniq // num_groups, uniq % num_groups, grads, counts))
     return out
+
+
+def _sorted_pairs(
+    rows: torch.Tensor,
+    bag: torch.Tensor,
+    contrib: torch.Tensor,
+    num_bags: int,
+    num_groups: int,
+    count_ids: bool,
+) -> RowGrads:
+    """:class:`RowGrads` of ``N`` looked-up ids (``rows``, ``bag`` N; ``contrib`` N x D) in ``N``
+    slots, with no size read back: sort by ``(row, sample)`` (the ``(row, group)`` keys come out
+    sorted too, groups being runs of samples), number the runs of equal keys by a ``cumsum`` of
+    their starts, and sum into slot = run. Slots past the last run repeat it (``valid`` false,
+    zero gradient and count). ``counts``: the runs of equal ``(row, sample)`` within each pair."""
+    n = rows.numel()
+    pair, order = torch.sort(rows * num_bags + bag, stable=True)
+    key = torch.div(pair, num_bags, rounding_mode="floor")  # the row
+    if num_groups > 1:
+        group = torch.div(pair - key * num_bags, num_bags // num_groups, rounding_mode="floor")
+        key = key * num_groups + group
+    starts = torch.ones(n, dtype=torch.bool, device=rows.device)
+    starts[1:] = key[1:] != key[:-1]
+    run = torch.cumsum(starts, 0) - 1  # sorted id -> its pair's slot, 0..U-1
+    inverse = torch.empty_like(run)
+    inverse[order] = run  # id (as looked up) -> slot: a permutation, no read-back
+    slots = torch.arange(n, device=rows.device)
+    # the key of slot s: that of the first sorted id in run s (slots past U: the last id's)
+    first = torch.searchsorted(run, slots).clamp_(max=n - 1)
+    keys = key[first]
+    valid = slots <= run[-1]
+    grads = torch.zeros(n, contrib.shape[1], dtype=contrib.dtype, device=rows.device)
+    grads.index_add_(0, inverse, contrib)
+    counts = torch.zeros(n if count_ids else 0, dtype=torch.int64, device=rows.device)
+    if count_ids:
+        samples = torch.ones(n, dtype=torch.int64, device=rows.device)  # first of (row, sample)
+        samples[1:] = pair[1:] != pair[:-1]
+        counts.index_add_(0, run, samples)
+    if num_groups == 1:
+        return RowGrads(keys, torch.zeros_like(keys), grads, counts, valid)
+    return RowGrads(keys // num_groups, keys % num_groups, grads, counts, valid)
 
 
 def _sample_counts(
@@ -224,6 +285,17 @@ def _row_offsets(
     return _ROW_OFFSETS[key]
 
 
+_FEATURES: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+
+
+def _feature_index(feats: list[int], device: torch.device) -> torch.Tensor:
+    """``feats`` as an int64 tensor on ``device``, made once (see :func:`_row_offsets`)."""
+    key = (tuple(feats), device)
+    if key not in _FEATURES:
+        _FEATURES[key] = torch.tensor(feats, dtype=torch.int64, device=device)
+    return _FEATURES[key]
+
+
 def _space_items(
     indices: torch.Tensor,
     offsets: torch.Tensor,
@@ -250,17 +322,31 @@ def _space_items(
         one_hot = False
     elif one_hot is None:
         one_hot = bool((lengths == 1).all())
-    if len(feats) == num_features and one_hot:
+    if one_hot:
         # One id per bag in every feature (Criteo): take the ids bag-major, so that item
-        # b·F + f lines up with row b, feature f of the gradient — a view, no copy.
-        rows = indices.view(num_features, num_bags).t().reshape(-1).to(torch.int64)
+        # b·F' + f lines up with row b, feature f of the gradient — with every feature a view,
+        # no copy; with some (tables of other dims elsewhere) a gather of their ids and columns.
+        def by_feature(x: torch.Tensor) -> torch.Tensor:  # F x B -> the space's F' x B
+            x = x.view(num_features, num_bags)
+            if len(feats) == num_features:
+                return x
+            if feats[-1] + 1 - feats[0] == len(feats):  # consecutive: a view
+                return x[feats[0] : feats[-1] + 1]
+            return x.index_select(0, _feature_index(feats, device))
+
+        if len(feats) == num_features:
+            contrib = grad.reshape(num_bags * num_features, space.dim)
+        else:
+            contrib = torch.stack([grad[:, cols[f] : cols[f] + space.dim] for f in feats], 1)
+            contrib = contrib.reshape(num_bags * len(feats), space.dim)
+        rows = by_feature(indices).t().reshape(-1).to(torch.int64)
         rows = rows + row_offset.repeat(num_bags)
-        bag = torch.arange(num_bags, device=device).repeat_interleave(num_features)
-        contrib = grad.reshape(num_bags * num_features, space.dim)
+        bag = torch.arange(num_bags, device=device).repeat_interleave(len(feats))
         if per_sample_weights is not None:
-            w = per_sample_weights.view(num_features, num_bags).t().reshape(-1)
+            w = by_feature(per_sample_weights).t().reshape(-1)
             contrib = contrib * w.to(grad.dtype)[:, None]
-        shared = len(set(layout.feature_table)) < num_features  # two features, one table
+        # two features, one table
+        shared = len({layout.feature_table[f] for f in feats}) < len(feats)
         return rows, bag, contrib, shared
     # General bags: ids feature-major, each feature's ids contiguous.
     if len(feats) == num_features:
@@ -332,6 +418,9 @@ class LookupCapture:
         self.count_ids = True
         #: The caller's word that every bag holds one id (see :func:`pooled_grad_to_rows`).
         self.one_hot: bool | None = None
+        #: Reduce by a sort into padded buffers of a size known in advance (no read-back: see
+        #: the module doc); the sparse optimizer sets it where it merges the groups at the step.
+        self.static_size = False
         self._calls: list[_Call] = []
         self._paused = False
         self._handle = module.register_forward_hook(self._hook, with_kwargs=True)
@@ -385,6 +474,7 @@ class LookupCapture:
                     self.groups_per_call,
                     count_ids=self.count_ids,
                     one_hot=self.one_hot,
+                    static_size=self.static_size,
                 )
             )
         return out

@@ -26,6 +26,8 @@ and step, so a resumed run writes what the uninterrupted one did.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -48,7 +50,8 @@ def _mix(x: Tensor) -> Tensor:
 
 def uniform_hash(keys: Tensor, salt: int) -> Tensor:
     """A float64 in ``[0, 1)`` per int64 key, a fixed function of ``(salt, key)``."""
-    mixed = _mix(_mix(keys.to(torch.int64) ^ int(_mix(torch.tensor(salt)))))
+    # the salt's mix stays a host scalar (a 0-dim CPU operand of a device op: nothing read back)
+    mixed = _mix(_mix(keys.to(torch.int64) ^ _mix(torch.tensor(salt, dtype=torch.int64))))
     return ((mixed >> 11) & _MASK53).to(torch.float64) * 2.0**-53
 
 
@@ -61,8 +64,9 @@ def stochastic_round(values: Tensor, dtype: torch.dtype, keys: Tensor, salt: int
         return values
     near = values.to(dtype)
     above = near.float() > values
-    low = torch.where(above, torch.nextafter(near, near.new_tensor(-float("inf"))), near)
-    high = torch.nextafter(low, low.new_tensor(float("inf")))
+    # the infinities filled on the device (``new_tensor`` would copy from the host and wait)
+    low = torch.where(above, torch.nextafter(near, near.new_full((), -math.inf)), near)
+    high = torch.nextafter(low, low.new_full((), math.inf))
     span = high.float() - low.float()
     p = ((values - low.float()) / span).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
     up = uniform_hash(keys, salt).to(p.device) < p.double()

@@ -100,11 +100,8 @@ class GroupAveraged:
             k_total *= dist.get_world_size(self.process_group)
         self._noise = None
         if self.track_noise:
-            grad_sq = torch.zeros_like(norms)
-            present = [i for i, p in enumerate(params) if p.grad is not None]
-            if present:
-                at = torch.tensor(present, device=norms.device)
-                grad_sq[at] = sq_norms([params[i].grad for i in present]).to(norms.device)
+            present = [p for p in params if p.grad is not None]
+            grad_sq = self._group_norms.spread(present, sq_norms([p.grad for p in present]))
             self._noise = NoisePieces.of(self.names, grad_sq, norms, k_total)
         for p in params:
             if p.grad is not None:

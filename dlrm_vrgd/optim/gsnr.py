@@ -19,7 +19,9 @@ Nothing returned is ever NaN or Inf.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -73,13 +75,32 @@ def raw_gsnr(
     return r, degenerate
 
 
+def segment_sums(values: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """``out[i]`` = the sum of the ``i``-th of the consecutive runs of ``sizes`` elements of the
+    1-D, **non-negative** ``values`` (float32, or float64 for float64 input): one fused kernel
+    (``_foreach_norm`` with ``ord=1``, as ``clip_grad_norm_`` uses it) whatever the number of
+    runs, with sizes known on the host — nothing read back, no atomics."""
+    dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
+    parts = values.to(dtype).split(list(sizes))
+    return torch.stack(torch._foreach_norm(list(parts), 1)).to(dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def segment_ids(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The run of each element of consecutive runs of ``sizes`` elements (int64 on ``device``),
+    made once per layout (a tensor made from host data on a GPU is a copy the host waits for)."""
+    lengths = torch.tensor(sizes, dtype=torch.int64)
+    ids = torch.repeat_interleave(torch.arange(len(sizes)), lengths, output_size=sum(sizes))
+    return ids.to(device)
+
+
 def normalize_clip(
     r: torch.Tensor,
     degenerate: torch.Tensor,
     gamma: float,
     segments: torch.Tensor | None = None,
     num_segments: int = 1,
-    lengths: torch.Tensor | None = None,
+    lengths: Sequence[int] | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, GSNRStats]:
     """Steps 4–5: divide by the mean over non-degenerate elements, clip to ``[γ, 1]``.
 
@@ -87,17 +108,21 @@ def normalize_clip(
     (int64, one segment id in ``[0, num_segments)`` per element of a 1-D ``r``) each segment is
     normalized by its own mean, as every embedding table is (stats have one entry per segment).
     ``lengths`` (optional, with ``segments``) says the segments are contiguous runs of these
-    lengths, in order: their sums then take a segmented reduction, ~3x faster than a scatter.
+    lengths, in order: their sums then take one fused reduction (:func:`segment_sums`) instead
+    of a scatter. Give them as ints: a tensor of lengths is read back first.
+    Nothing here reads a value back to the host.
     """
+    if isinstance(lengths, torch.Tensor):
+        lengths = [int(n) for n in lengths.tolist()]
     live = ~degenerate
     live_r = torch.where(live, r, torch.zeros_like(r))
 
-    def per_segment(values: torch.Tensor) -> torch.Tensor:
+    def per_segment(values: torch.Tensor) -> torch.Tensor:  # every sum here is of values >= 0
         values = values.to(torch.float32)
         if segments is None:
             return values.sum()
         if lengths is not None:
-            return torch.segment_reduce(values, "sum", lengths=lengths)
+            return segment_sums(values, lengths)
         out = torch.zeros(num_segments, dtype=torch.float32, device=values.device)
         return out.index_add_(0, segments, values)
 
@@ -135,21 +160,21 @@ def gsnr_ratios(
     ``grad_sums[i]`` = ``Σ_d g_d``, ``sq_sums[i]`` = ``Σ_d g_d²`` of tensor ``i`` over ``k``
     groups (accumulated in fp32 or wider; lower precisions are promoted). Each tensor is
     normalized by its own mean, computed in one pass over their concatenation (a segment per
-    tensor): a handful of kernels whatever the number of tensors. Returns the ratios (shaped
-    like the inputs, fp32, in ``[γ, 1]``) and the stats with one entry per tensor.
+    tensor): a handful of kernels whatever the number of tensors, and no read-back. Returns the
+    ratios (shaped like the inputs, fp32, in ``[γ, 1]``) and the stats with one entry per tensor
+    (on the device).
     """
     _check(k, gamma)
     sizes = [g.numel() for g in grad_sums]
     device = grad_sums[0].device
     mean = torch.cat([g.reshape(-1).float() for g in grad_sums]) / k
-    lengths = torch.tensor(sizes, device=device)
-    segments = torch.repeat_interleave(torch.arange(len(sizes), device=device), lengths)
+    segments = segment_ids(tuple(sizes), device)
     if k < 2:
         r, degenerate = torch.ones_like(mean), torch.ones_like(mean, dtype=torch.bool)
     else:
         second = torch.cat([q.reshape(-1).float() for q in sq_sums]) / k
         r, degenerate = raw_gsnr(mean * mean, second)
-    ratio, stats = normalize_clip(r, degenerate, gamma, segments, len(sizes), lengths)
+    ratio, stats = normalize_clip(r, degenerate, gamma, segments, len(sizes), sizes)
     parts = [part.view_as(g) for part, g in zip(ratio.split(sizes), grad_sums, strict=True)]
     return parts, stats
 
@@ -202,13 +227,49 @@ def rowwise_ratio(
     return normalize_clip(r, degenerate, gamma, segments, num_segments)
 
 
+def step_ratio_stats(
+    actual: Sequence[torch.Tensor], plain: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The realised step ratio ``actual[i] / plain[i]`` (step sizes of tensor ``i``: per
+    element, >= 0) over the elements that the plain step moves, per tensor: its mean and its
+    10th percentile, the ``⌈0.1·m⌉``-th smallest of the tensor's ``m`` ratios (float64, one entry
+    per tensor, NaN where nothing moves). On the device, nothing read back: one sort for all
+    tensors (by ratio, then stably by tensor; elements that do not move last in theirs)."""
+    sizes = [a.numel() for a in actual]
+    if not sum(sizes):
+        nan = torch.full((len(sizes),), math.nan, dtype=torch.float64, device=actual[0].device)
+        return nan, nan.clone()
+    a = torch.cat([x.reshape(-1) for x in actual])
+    p = torch.cat([x.reshape(-1) for x in plain])
+    live = p > 0
+    ratio = torch.where(live, a / torch.where(live, p, torch.ones_like(p)), 0.0).double()
+    count = segment_sums(live.double(), sizes)
+    mean = segment_sums(ratio, sizes) / count.clamp_min(1)
+    seg = segment_ids(tuple(sizes), a.device)
+    by_ratio = torch.argsort(torch.where(live, ratio, math.inf), stable=True)
+    ordered = ratio[by_ratio][torch.argsort(seg[by_ratio], stable=True)]
+    starts = [0]
+    for n in sizes[:-1]:
+        starts.append(starts[-1] + n)
+    start = segment_starts(tuple(starts), a.device)
+    nth = torch.ceil(count * 0.1).clamp_min(1).long()  # ⌈0.1·m⌉ in float64, as Python's
+    p10 = ordered[(start + nth - 1).clamp(0, ratio.numel() - 1)]
+    moved = count > 0
+    nan = torch.full_like(mean, math.nan)
+    return torch.where(moved, mean, nan), torch.where(moved, p10, nan)
+
+
+@functools.lru_cache(maxsize=64)
+def segment_starts(starts: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``starts`` as int64 on ``device``, made once (see :func:`segment_ids`)."""
+    return torch.tensor(starts, dtype=torch.int64).to(device)
+
+
 def step_ratio_summary(actual: torch.Tensor, plain: torch.Tensor) -> dict[str, float | None]:
-    """The realised step ratio ``actual / plain`` (step sizes: per element or per row, >= 0)
-    over the entries that the plain step moves: its mean and 10th percentile
-    (``step_ratio_mean``, ``step_ratio_p10``; None when nothing moves)."""
-    live = plain > 0
-    if not bool(live.any()):
-        return {"step_ratio_mean": None, "step_ratio_p10": None}
-    ratio = (actual[live] / plain[live]).double()
-    p10 = torch.kthvalue(ratio, max(1, math.ceil(0.1 * ratio.numel()))).values
-    return {"step_ratio_mean": float(ratio.mean()), "step_ratio_p10": float(p10)}
+    """:func:`step_ratio_stats` of one tensor, read back: ``step_ratio_mean`` and
+    ``step_ratio_p10`` (None when nothing moves)."""
+    mean, p10 = torch.cat(step_ratio_stats([actual], [plain])).tolist()
+    return {
+        "step_ratio_mean": None if math.isnan(mean) else mean,
+        "step_ratio_p10": None if math.isnan(p10) else p10,
+    }

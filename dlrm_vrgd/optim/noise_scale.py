@@ -100,13 +100,40 @@ class GroupSqNorms:
         self._index = {p: i for i, p in enumerate(self.params)}
         device = self.params[0].device if self.params else torch.device("cpu")
         self.total = torch.zeros(len(self.params), device=device)
+        self._cached: dict[tuple[int, ...], Tensor] = {}
 
     def add(self, params: Sequence[Tensor], grads: Sequence[Tensor]) -> None:
-        """Fold one group's gradients ``grads[j]`` of ``params[j]`` in."""
+        """Fold one group's gradients ``grads[j]`` of ``params[j]`` in. No read-back: the
+        positions of a set of ``params`` go to the device once (a tensor made from a list on a
+        GPU is a copy the host waits for), and every tensor's is no index at all."""
         if not grads:
             return
-        idx = torch.tensor([self._index[p] for p in params], device=self.total.device)
-        self.total.index_add_(0, idx, sq_norms(grads).to(self.total.device))
+        norms = sq_norms(grads).to(self.total.device)
+        if len(params) == len(self.params) and all(
+            p is q for p, q in zip(params, self.params, strict=True)
+        ):
+            self.total.add_(norms)
+            return
+        self.total.index_add_(0, self._positions(params), norms)
+
+    def spread(self, params: Sequence[Tensor], values: Tensor) -> Tensor:
+        """``values[j]`` of ``params[j]`` at each param's position, 0 elsewhere (one entry per
+        tensor of :attr:`params`; no read-back, as :meth:`add`)."""
+        values = values.to(self.total.device)
+        if len(params) == len(self.params) and all(
+            p is q for p, q in zip(params, self.params, strict=True)
+        ):
+            return values
+        out = torch.zeros_like(self.total)
+        if params:
+            out.index_copy_(0, self._positions(params), values)
+        return out
+
+    def _positions(self, params: Sequence[Tensor]) -> Tensor:
+        key = tuple(self._index[p] for p in params)
+        if key not in self._cached:
+            self._cached[key] = torch.tensor(key, dtype=torch.int64, device=self.total.device)
+        return self._cached[key]
 
     def reset(self) -> None:
         self.total.zero_()
@@ -238,7 +265,7 @@ class NoiseScale:
             return []
         g2, s = store.smoothed()
         g2_raw, s_raw = store.last
-        cols = [t.tolist() for t in (g2, s, g2_raw, s_raw)]
+        cols = torch.stack([g2, s, g2_raw, s_raw]).tolist()  # one read-back
         return list(zip(names, *cols, strict=True))
 
     def dense_rows(self) -> list[Row]:

@@ -48,10 +48,15 @@ from torch.optim import Optimizer
 from torch.optim.adam import adam as adam_update
 from torch.optim.sgd import sgd as sgd_update
 
-from dlrm_vrgd.optim.gsnr import gsnr_ratios, step_ratio_summary
+from dlrm_vrgd.optim.gsnr import gsnr_ratios, step_ratio_stats
 from dlrm_vrgd.optim.noise_scale import GroupSqNorms, NoisePieces, sq_norms
 
 logger = logging.getLogger(__name__)
+
+#: A measured tensor's figures (:meth:`GroupGSNROptimizer.gsnr_summary`), then its realised
+#: step ratio's on measured steps.
+GSNR_KEYS = ("raw_gsnr", "ratio", "frac_clipped", "frac_degenerate")
+STEP_RATIO_KEYS = ("step_ratio_mean", "step_ratio_p10")
 
 
 def _check(name: str, value: float, ok: bool) -> None:
@@ -90,7 +95,11 @@ class GroupGSNROptimizer(Optimizer):
         self._sums: dict[Tensor, Tensor] = {}
         self._sqs: dict[Tensor, Tensor] = {}
         self._with_sq = True
-        self._stats: list[tuple[str, int, dict[str, float] | None]] = []
+        # the last step's figures: per tensor (name, numel, its columns' keys or None = not
+        # measured), and per param group a (tensors x keys) float64 block on the device
+        self._stats: list[tuple[str, int, tuple[str, ...] | None]] = []
+        self._blocks: list[Tensor] = []
+        self._summary: list[dict[str, Any]] | None = None
         self._warned_single_group = False
         self._group_norms = GroupSqNorms(p for g in self.param_groups for p in g["params"])
         self._noise: NoisePieces | None = None
@@ -195,7 +204,7 @@ class GroupGSNROptimizer(Optimizer):
         if k < 2 and not self._warned_single_group:
             logger.warning("VRGD step with %d gradient group(s): GSNR is undefined, ratio = 1", k)
             self._warned_single_group = True
-        self._stats = []
+        self._stats, self._blocks, self._summary = [], [], None
         self.last_ratios = {}
         for group in self.param_groups:
             names = group.get("param_names") or [
@@ -209,7 +218,8 @@ class GroupGSNROptimizer(Optimizer):
             params = [p for _, p in present]
             means = [(self._sums[p] / k).to(p.dtype) for p in params]
             ratios: list[Tensor | None] = [None] * len(params)
-            stats: list[dict[str, float] | None] = [None] * len(params)
+            columns: list[Tensor] = []  # one float64 entry per tensor each, on the device
+            keys: tuple[str, ...] | None = None
             if group["gamma"] < 1.0:
                 parts, seg = gsnr_ratios(
                     [self._sums[p] for p in params],
@@ -218,22 +228,28 @@ class GroupGSNROptimizer(Optimizer):
                     group["gamma"],
                 )
                 ratios = [r.to(p.dtype) for r, p in zip(parts, params, strict=True)]
-                stats = list(seg.as_dicts())
+                keys = GSNR_KEYS
+                columns = [
+                    t.double()
+                    for t in (seg.raw_mean, seg.ratio_mean, seg.frac_clipped, seg.frac_degenerate)
+                ]
                 if self.keep_ratios:
                     self.last_ratios.update(
                         (n, r) for (n, _), r in zip(present, parts, strict=True)
                     )
-            measured = [st for st in stats if st is not None]
-            if self.measure_steps and measured:
-                realised = self._measured_update(group, params, means, ratios)
-                measured = [{**st, **r} for st, r in zip(measured, realised, strict=True)]
+            if self.measure_steps and keys is not None:
+                columns += self._measured_update(group, params, means, ratios)
+                keys += STEP_RATIO_KEYS
             else:
                 self._update(group, params, means, ratios)
-            if measured:
-                extra = self._scale_stats() or [{}] * len(measured)
-                stats = [{**st, **e} for st, e in zip(measured, extra, strict=True)]
-            for (name, p), st in zip(present, stats, strict=True):
-                self._stats.append((name, p.numel(), st))
+            if keys is not None:
+                scale = self._scale_stats()
+                if scale is not None:
+                    columns.append(scale.double())
+                    keys += ("scale",)
+                self._blocks.append(torch.stack(columns, dim=1))
+            for name, p in present:
+                self._stats.append((name, p.numel(), keys))
         self._sums.clear()
         self._sqs.clear()
         self._group_norms.reset()
@@ -254,11 +270,9 @@ class GroupGSNROptimizer(Optimizer):
         for g in self.param_groups:
             given = g.get("param_names")
             names += given or [f"param{len(names) + i}" for i in range(len(g["params"]))]
-        present = [i for i, p in enumerate(params) if p in self._sums]
-        grad_sq = torch.zeros(len(params), device=self._group_norms.total.device)
-        if present:
-            norms = sq_norms([self._sums[params[i]] for i in present])
-            grad_sq[torch.tensor(present, device=grad_sq.device)] = norms.to(grad_sq.device)
+        present = [p for p in params if p in self._sums]
+        norms = sq_norms([self._sums[p] for p in present])
+        grad_sq = self._group_norms.spread(present, norms)
         return NoisePieces.of(names, grad_sq, self._group_norms.total, k)
 
     def noise_pieces(self) -> NoisePieces | None:
@@ -275,10 +289,10 @@ class GroupGSNROptimizer(Optimizer):
         """Update ``params`` of ``group`` from ``ḡ`` (``means``) and ``r`` (None means 1)."""
         raise NotImplementedError
 
-    def _scale_stats(self) -> list[dict[str, float]]:
-        """Extra per-tensor figures of the update just made (none here; VRAdam adds the mean
-        of ``p̂``, the scale it applied)."""
-        return []
+    def _scale_stats(self) -> Tensor | None:
+        """An extra per-tensor figure of the update just made, on the device (none here; VRAdam
+        gives the mean of ``p̂``, the scale it applied)."""
+        return None
 
     def _measured_update(
         self,
@@ -286,31 +300,48 @@ class GroupGSNROptimizer(Optimizer):
         params: list[Tensor],
         means: list[Tensor],
         ratios: list[Tensor | None],
-    ) -> list[dict[str, float | None]]:
-        """The update, plus the realised step ratio of each tensor: the plain update (ratio 1)
-        is made first from a copy of the state and undone, then the real one."""
+    ) -> list[Tensor]:
+        """The update, plus the realised step ratio of each tensor (mean and 10th percentile,
+        float64 on the device): the plain update (ratio 1) is made first from a copy of the
+        state and undone, then the real one."""
         before = [p.detach().clone() for p in params]
         saved = [_clone_state(self.state[p]) for p in params]
         self._update(group, params, means, [None] * len(params))
-        plain = [p.detach() - b for p, b in zip(params, before, strict=True)]
+        plain = [(p.detach() - b).abs() for p, b in zip(params, before, strict=True)]
         for p, b, st in zip(params, before, saved, strict=True):
             p.copy_(b)
             self.state[p] = st
         self._update(group, params, means, ratios)
-        return [
-            step_ratio_summary((p.detach() - b).abs(), d.abs())
-            for p, b, d in zip(params, before, plain, strict=True)
-        ]
+        actual = [(p.detach() - b).abs() for p, b in zip(params, before, strict=True)]
+        return list(step_ratio_stats(actual, plain))
 
     # ----------------------------------------------------------------- telemetry
     def gsnr_summary(self) -> list[dict[str, Any]]:
         """Per tensor of the last step: name, numel, mean raw GSNR, mean clipped ratio,
-        fraction clipped at γ, fraction degenerate (``None`` where γ = 1 skipped the statistics)."""
+        fraction clipped at γ, fraction degenerate (``None`` where γ = 1 skipped the statistics)
+        and, on measured steps, the realised step ratio. The figures stay on the device until
+        this is called: it reads them back, all at once (one copy per step)."""
+        if self._summary is not None:
+            return self._summary
         unmeasured = {"raw_gsnr": None, "ratio": 1.0, "frac_clipped": 0.0, "frac_degenerate": None}
-        return [
-            {"name": n, "numel": numel, **(s if s is not None else unmeasured)}
-            for n, numel, s in self._stats
-        ]
+        values: list[float] = []
+        if self._blocks:
+            values = torch.cat([b.reshape(-1) for b in self._blocks]).tolist()
+        out, at = [], 0
+        for name, numel, keys in self._stats:
+            entry: dict[str, Any] = {"name": name, "numel": numel}
+            if keys is None:
+                entry.update(unmeasured)
+            else:
+                row = values[at : at + len(keys)]
+                at += len(keys)
+                entry.update(
+                    (key, None if math.isnan(v) and key in STEP_RATIO_KEYS else v)
+                    for key, v in zip(keys, row, strict=True)
+                )
+            out.append(entry)
+        self._summary = out
+        return out
 
 
 def _clone_state(state: dict[str, Any]) -> dict[str, Any]:
@@ -319,6 +350,11 @@ def _clone_state(state: dict[str, Any]) -> dict[str, Any]:
 
 def _scaled(mean: Tensor, ratio: Tensor | None) -> Tensor:
     return mean if ratio is None else mean * ratio
+
+
+def _norm64(t: Tensor) -> Tensor:
+    """``‖t‖₂`` (computed in ``t``'s dtype) as a float64 device scalar."""
+    return torch.linalg.vector_norm(t).double()
 
 
 class VRSGD(GroupGSNROptimizer):
@@ -430,10 +466,10 @@ class VRAdam(GroupGSNROptimizer):
         super().__init__(params, defaults, process_group, foreach)
         self._scales: list[Tensor | None] = []
 
-    def _scale_stats(self) -> list[dict[str, float]]:
-        if any(s is None for s in self._scales):
-            return []
-        return [{"scale": float(s.mean())} for s in self._scales if s is not None]
+    def _scale_stats(self) -> Tensor | None:
+        if not self._scales or any(s is None for s in self._scales):
+            return None
+        return torch.stack([s.float().mean() for s in self._scales if s is not None])
 
     def _ratio_emas(self, group, params, ratios) -> list[Tensor | None]:
         """Advance Adam's step count and the ratio's EMA; ``p̂`` per parameter (None: r ≡ 1)."""
@@ -527,20 +563,24 @@ class VRLARS(GroupGSNROptimizer):
         wd, mu = group["weight_decay"], group["momentum"]
         for p, m, r in zip(params, means, ratios, strict=True):
             u = _scaled(m, r)
-            trust = 1.0
-            if p.ndim > 1:
-                w_norm, u_norm = float(p.norm()), float(u.norm())
-                if w_norm > 0 and u_norm > 0:
-                    trust = (
-                        group["trust_coefficient"] * w_norm / (u_norm + wd * w_norm + group["eps"])
-                    )
+            trust: Tensor | None = None  # 1 (biases, 1-D)
+            if p.ndim > 1:  # on the device, in float64 as Python's floats: nothing read back
+                w_norm, u_norm = _norm64(p), _norm64(u)
+                trust = torch.where(
+                    (w_norm > 0) & (u_norm > 0),
+                    group["trust_coefficient"] * w_norm / (u_norm + wd * w_norm + group["eps"]),
+                    1.0,
+                )
             if wd:
                 u = u.add(p, alpha=wd)
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
             buf = state["momentum_buffer"]
-            buf.mul_(mu).add_(u, alpha=group["lr"] * trust)
+            if trust is None:
+                buf.mul_(mu).add_(u, alpha=group["lr"])
+            else:
+                buf.mul_(mu).addcmul_(u, (group["lr"] * trust).to(buf.dtype))
             p.sub_(buf)
 
 
@@ -593,11 +633,13 @@ class VRLAMB(VRAdam):
                 u.mul_(scale)
             if group["weight_decay"]:
                 u.add_(p, alpha=group["weight_decay"])
-            w_norm, u_norm = float(p.norm()), float(u.norm())
-            trust = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
-            if not math.isfinite(trust):
-                trust = 1.0
-            p.sub_(u, alpha=group["lr"] * trust)
+            # ‖θ‖/‖u‖, 1 where a norm is 0 or the ratio not finite: on the device, in float64
+            # as Python's floats, nothing read back
+            w_norm, u_norm = _norm64(p), _norm64(u)
+            trust = w_norm / u_norm
+            ok = (w_norm > 0) & (u_norm > 0) & torch.isfinite(trust)
+            trust = torch.where(ok, trust, 1.0)
+            p.addcmul_(u, (group["lr"] * trust).to(p.dtype), value=-1.0)
 
 
 VR_OPTIMIZERS: dict[str, type[GroupGSNROptimizer]] = {

@@ -1,8 +1,11 @@
 """The sparse step as it runs on a GPU, run here on the CPU and counted with ``torch.profiler``
 (DESIGN.md 7): the groups merged at the step (``accumulate="merge"``), the caller's word that
-every bag holds one id, and no host-side replay view (a GPU TBE has none). On that route a GSNR
-step and a collect read nothing back to the host — no ``aten::nonzero``, ``aten::item`` or
-``_local_scalar_dense`` — and their op counts do not grow with the number of tables.
+every bag holds one id, and no host-side replay view (a GPU TBE has none). On that route a
+collect makes no sync-prone op of any kind :mod:`tests.optim.syncs` counts (scalar reads,
+``tolist``, host-made device tensors, data-sized ops such as ``unique`` or boolean-mask
+indexing), a GSNR step two a row space (the groups' pair counts, read back in one copy, and
+the ``unique`` that sizes the step's merged rows), and their op counts do not grow with the
+number of tables. The whole trainer step is counted in ``test_step_syncs.py``.
 
 A TBE on the GPU keeps its tables in ``weights_dev``/``momentum1_dev``; the views address them
 there exactly as on the host (a stand-in TBE with ``DEVICE`` placements, below).
@@ -27,19 +30,26 @@ from dlrm_vrgd.data.synthetic import zipf_ranks
 from dlrm_vrgd.embedding.capture import LookupLayout
 from dlrm_vrgd.optim.sparse import SparseRowwiseOptimizer
 
+from .syncs import SyncCounter
+
 ROWS, DIM, BATCH, K = 2_000, 8, 512, 4
 READ_BACKS = ("aten::nonzero", "aten::item", "aten::_local_scalar_dense")
 
 
-def counted(fn) -> collections.Counter:
-    """The aten ops ``fn()`` ran, by name."""
+def counted(fn, syncs: SyncCounter | None = None) -> collections.Counter:
+    """The aten ops ``fn()`` ran, by name (its sync-prone ops into ``syncs``, if given)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
+        if syncs is None:
+            fn()
+        else:
+            with syncs:
+                fn()
     return collections.Counter(e.name for e in prof.events() if e.name.startswith("aten::"))
 
 
 def device_route(tables: int, monkeypatch, **opt_kw) -> tuple[collections.Counter, ...]:
-    """Op counts of one collect (the last group's) and of the step, for ``tables`` tables."""
+    """Op counts of one collect (the last group's) and of the step, for ``tables`` tables, and
+    the sync-prone ops of all ``K`` collects and of the step."""
     monkeypatch.setattr(fbgemm, "space_view", lambda *a, **k: None)  # no host replay view
     keys = [f"f{i}" for i in range(tables)]
     configs = [
@@ -54,20 +64,28 @@ def device_route(tables: int, monkeypatch, **opt_kw) -> tuple[collections.Counte
     ids = torch.from_numpy(zipf_ranks(rng.random((BATCH, tables)), np.full(tables, ROWS), 1.05))
     up = torch.randn(BATCH, tables * DIM, generator=torch.Generator().manual_seed(0))
     b = BATCH // K
-    collect = collections.Counter()
-    for j in range(K):
-        kjt = KeyedJaggedTensor(
-            keys=keys,
-            values=ids[j * b : (j + 1) * b].t().reshape(-1),
-            offsets=torch.arange(b * tables + 1),
-            stride=b,
-        )
-        (ebc(kjt).values() * up[j * b : (j + 1) * b]).sum().div(b).backward()
-        collect = counted(opt.collect)
-    step = counted(opt.step)
+    collect, step = collections.Counter(), collections.Counter()
+    collect_syncs, step_syncs = SyncCounter(), SyncCounter()
+    for counting in (False, True):  # the second step: the first makes what is made once
+        for j in range(K):
+            kjt = KeyedJaggedTensor(
+                keys=keys,
+                values=ids[j * b : (j + 1) * b].t().reshape(-1),
+                offsets=torch.arange(b * tables + 1),
+                stride=b,
+            )
+            (ebc(kjt).values() * up[j * b : (j + 1) * b]).sum().div(b).backward()
+            if counting:
+                collect = counted(opt.collect, collect_syncs)
+            else:
+                opt.collect()
+        if counting:
+            step = counted(opt.step, step_syncs)
+        else:
+            opt.step()
     summary = opt.summary()  # the one read-back, on a logged step
     assert len(summary) == tables and all(t["touched_rows"] > 0 for t in summary)
-    return collect, step
+    return collect, step, collect_syncs, step_syncs
 
 
 def total(ops: collections.Counter) -> int:
@@ -76,10 +94,14 @@ def total(ops: collections.Counter) -> int:
 
 @pytest.mark.parametrize("opt_kw", [{"gsnr": True}, {"gsnr": True, "placement": "gradient"}])
 def test_gsnr_step_and_collect_read_nothing_back(opt_kw, monkeypatch) -> None:
-    collect, step = device_route(6, monkeypatch, **opt_kw)
+    collect, step, collect_syncs, step_syncs = device_route(6, monkeypatch, **opt_kw)
     for name in READ_BACKS:
         assert collect[name] == 0, (name, collect[name])
         assert step[name] == 0, (name, step[name])
+    assert collect_syncs.total == 0, dict(collect_syncs.where)
+    # 6 tables of one dim, one row space: its groups' pair counts read back in one copy (to cut
+    # the padding off) and the ``unique`` that sizes the merged rows
+    assert dict(step_syncs.kinds) == {"tolist": 1, "unique": 1}, dict(step_syncs.where)
     assert step["aten::index_add_"] > 0  # the step did run (the counter sees its ops)
 
 
@@ -91,7 +113,8 @@ def test_gsnr_op_count_does_not_grow_with_tables_and_is_within_plain(monkeypatch
     many = device_route(12, monkeypatch, gsnr=True)
     assert total(few[0]) == total(many[0])  # collect
     assert total(few[1]) == total(many[1])  # step
-    _, plain = device_route(12, monkeypatch)
+    assert few[3].total == many[3].total  # the step's syncs
+    _, plain, _, _ = device_route(12, monkeypatch)
     assert total(many[1]) <= 1.5 * total(plain), (total(many[1]), total(plain))
 
 

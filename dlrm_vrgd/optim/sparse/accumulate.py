@@ -11,9 +11,15 @@ its id (CowClip's ``cnt``).
   reads a count back per group (host syncs: free on a CPU).
 * :class:`GroupRows` (a GPU's): keeps each group's row gradients as they come and merges them at
   the step: one ``cat`` of the rows, one ``unique(return_inverse)``, one ``index_add_`` per group.
-  Nothing is read back to the host (``unique`` sizes its output: one implicit sync a space per
-  step). Memory: every group's rows until the step (on an H200, 8 groups of 164k rows x 64:
-  335 MB).
+  A collect reads nothing back: the capture hands it padded row gradients of a size known in
+  advance (``static_size``: one slot per looked-up id, see :mod:`dlrm_vrgd.embedding.capture`;
+  the pairs first, then padding, ``RowGrads.valid`` false). The step reads the groups' pair
+  counts back in one copy and cuts the padding off before it merges, so that the merge's sort
+  and sums run over the groups' distinct rows (at Criteo's skew ~10x fewer than their ids), and
+  ``unique`` sizes its output: two syncs of a row space a step, none a micro-batch. Memory: one
+  slot per looked-up id of every group until the step (8 groups of 64k rows x 26 one-hot
+  features x 64 dims: 3.5 GB; keeping only the distinct rows would take a read-back per
+  micro-batch).
 """
 
 from __future__ import annotations
@@ -37,6 +43,27 @@ class StepRows:
     sq_sum: Tensor
     n_groups: Tensor
     counts: Tensor | None
+
+
+def _unpadded(parts: list[RowGrads]) -> list[RowGrads]:
+    """``parts`` without their padding (``static_size``), their pairs' counts read back in one
+    copy for all of them (the step's, not a micro-batch's)."""
+    padded = [i for i, p in enumerate(parts) if p.valid is not None]
+    if not padded:
+        return parts
+    sizes = torch.stack([parts[i].valid.sum() for i in padded]).tolist()  # type: ignore[union-attr]
+    out = list(parts)
+    for i, n in zip(padded, sizes, strict=True):
+        p = parts[i]
+        out[i] = RowGrads(p.rows[:n], p.groups[:n], p.grads[:n], p.counts[:n])
+    return out
+
+
+def _entries(rg: RowGrads, like: Tensor) -> Tensor:
+    """1 for each (row, group) pair of ``rg``, 0 for its padding (int32, shaped like ``like``)."""
+    if rg.valid is None:
+        return torch.ones_like(like, dtype=torch.int32)
+    return rg.valid.to(torch.int32)
 
 
 class RowAccumulator:
@@ -107,7 +134,7 @@ class RowAccumulator:
         idx = slots[inverse]
         self.grad_sum.index_add_(0, idx, rg.grads)
         self.sq_sum.index_add_(0, idx, row_sq_norm(rg.grads))
-        self.n_groups.index_add_(0, idx, torch.ones_like(idx, dtype=torch.int32))
+        self.n_groups.index_add_(0, idx, _entries(rg, idx))
         if self.count_ids:
             self.counts.index_add_(0, idx, rg.counts)
 
@@ -156,6 +183,7 @@ class GroupRows:
                 torch.zeros(0, dtype=torch.int32, device=device),
                 empty.clone() if self.count_ids else None,
             )
+        parts = _unpadded(parts)
         rows, inverse = torch.unique(
             torch.cat([p.rows for p in parts]), sorted=True, return_inverse=True
         )
@@ -166,7 +194,7 @@ class GroupRows:
             grad_sum.index_add_(0, idx, part.grads)
             sq_sum.index_add_(0, idx, row_sq_norm(part.grads))
         n_groups = torch.zeros(u, dtype=torch.int32, device=device)
-        n_groups.index_add_(0, inverse, torch.ones_like(inverse, dtype=torch.int32))
+        n_groups.index_add_(0, inverse, torch.cat([_entries(p, p.rows) for p in parts]))
         counts = None
         if self.count_ids:
             counts = torch.zeros(u, dtype=torch.int64, device=device)

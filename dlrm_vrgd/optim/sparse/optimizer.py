@@ -237,6 +237,7 @@ class SparseRowwiseOptimizer:
         self._acc: list[list[RowAccumulator | GroupRows]] = []
         for lk in self.lookups:
             merge = accumulate == "merge" or (accumulate == "auto" and lk.device.type != "cpu")
+            lk.capture.static_size = merge  # a collect then reads nothing back
             self._acc.append(
                 [
                     GroupRows(sp.dim, lk.device, count_ids)
