@@ -50,7 +50,8 @@ from dlrm_vrgd.data.criteo.source import CriteoDays
 from dlrm_vrgd.serve.export import export_model
 from dlrm_vrgd.serve.features import FeatureMapper
 from dlrm_vrgd.serve.model import load_scoring
-from dlrm_vrgd.serve.score import predictor, score
+from dlrm_vrgd.serve.score import score
+from dlrm_vrgd.serve.score.engine import predictor
 from dlrm_vrgd.train.loop import Trainer
 
 CAP = 100_000

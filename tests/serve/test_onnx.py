@@ -34,7 +34,8 @@ from dlrm_vrgd.serve.featurizer import RawFeaturizer, RawScoringModel
 from dlrm_vrgd.serve.model import ModelError, load_model, load_scoring
 from dlrm_vrgd.serve.onnx import OPSET, OnnxRawFeaturizer, OnnxScorer
 from dlrm_vrgd.serve.pipeline import prefetch
-from dlrm_vrgd.serve.score import predictor, score
+from dlrm_vrgd.serve.score import score
+from dlrm_vrgd.serve.score.engine import predictor
 from dlrm_vrgd.train.distributed import DistEnv
 from dlrm_vrgd.train.evaluate import rank_share
 

@@ -23,7 +23,8 @@ from dlrm_vrgd.data.rows import Rows
 from dlrm_vrgd.metrics import binary_metrics
 from dlrm_vrgd.serve.export import export_model
 from dlrm_vrgd.serve.features import FeatureError
-from dlrm_vrgd.serve.score import StreamingMetrics, score
+from dlrm_vrgd.serve.score import score
+from dlrm_vrgd.serve.score.sinks import StreamingMetrics
 from dlrm_vrgd.train.loop import Trainer
 
 from ..conftest import tiny_config_dict
