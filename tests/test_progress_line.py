@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from dlrm_vrgd.cli import ProgressLine
+from dlrm_vrgd.cli.common import ProgressLine
 
 
 def test_off_a_terminal_progress_is_periodic_plain_lines(monkeypatch: pytest.MonkeyPatch) -> None:
