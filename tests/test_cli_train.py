@@ -4,8 +4,11 @@ write nothing, resume of a finished run, Ctrl-C and --resume."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dlrm_vrgd.rundir import read_jsonl
@@ -95,27 +98,21 @@ def test_resume_of_a_finished_run_is_a_no_op_that_says_so(tmp_path: Path) -> Non
     assert json.loads((out / "result.json").read_text())["steps"] == 6
 
 
-def test_ctrl_c_leaves_an_interrupted_resumable_run(tmp_path: Path) -> None:
-    """SIGINT (what Ctrl-C sends): exit 130, a plain message (no traceback), status.json says
-    "interrupted" at its step; --resume finishes the run and clears the status."""
-    import signal
-    import time
-
-    cfg = write_config(tmp_path, run={"steps": 100_000, "checkpoint_every": 2, "log_every": 1})
-    out = tmp_path / "run"
-    # stderr goes to a file: the live progress line fills a 64 KiB pipe nobody reads in a minute
+def train_until_ctrl_c(
+    tmp_path: Path, cfg: Path, out: Path, ready: Callable[[], bool]
+) -> tuple[subprocess.Popen, Path]:
+    """``dlrm-vrgd train`` in a process of its own, sent SIGINT (what Ctrl-C sends) once
+    ``ready()``; returns the finished process and the file its stderr went to (a file: the live
+    progress line fills a 64 KiB pipe nobody reads in a minute)."""
     err_path = tmp_path / "stderr.txt"
     with err_path.open("w") as err:
         argv = ["train", "--config", str(cfg), "--out", str(out)]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dlrm_vrgd.cli", *argv],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
+            [sys.executable, "-m", "dlrm_vrgd.cli", *argv], stdout=subprocess.DEVNULL, stderr=err
         )
         try:
-            # any checkpoint: only the newest are kept, so step_00000002 may already be pruned
-            deadline = time.monotonic() + 300  # two steps; slow only on a loaded machine
-            while not list((out / "checkpoints").glob("step_*")):
+            deadline = time.monotonic() + 300  # a few steps; slow only on a loaded machine
+            while not ready():
                 assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
                 time.sleep(0.1)
             proc.send_signal(signal.SIGINT)
@@ -124,6 +121,18 @@ def test_ctrl_c_leaves_an_interrupted_resumable_run(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    return proc, err_path
+
+
+def test_ctrl_c_leaves_an_interrupted_resumable_run(tmp_path: Path) -> None:
+    """SIGINT (what Ctrl-C sends): exit 130, a plain message (no traceback), status.json says
+    "interrupted" at its step; --resume finishes the run and clears the status."""
+    cfg = write_config(tmp_path, run={"steps": 100_000, "checkpoint_every": 2, "log_every": 1})
+    out = tmp_path / "run"
+    # any checkpoint: only the newest are kept, so step_00000002 may already be pruned
+    proc, err_path = train_until_ctrl_c(
+        tmp_path, cfg, out, lambda: bool(list((out / "checkpoints").glob("step_*")))
+    )
     stderr = err_path.read_text()
     assert proc.returncode == 130
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
@@ -147,30 +156,15 @@ def test_ctrl_c_checkpoints_the_step_it_stops_at_and_resume_continues_there(
     """No periodic checkpoint is due (checkpoint_every 1000): Ctrl-C stops the run after the
     step in progress and checkpoints that step, so nothing trained is lost; --resume starts
     from it (its start record says so) and the interrupted steps are not trained twice."""
-    import signal
-    import time
-
     cfg = write_config(tmp_path, run={"steps": 100_000, "checkpoint_every": 1000, "log_every": 1})
     out = tmp_path / "run"
-    err_path = tmp_path / "stderr.txt"
-    with err_path.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dlrm_vrgd.cli", "train", "--config", str(cfg), "--out",
-             str(out)],
-            stdout=subprocess.DEVNULL, stderr=err,
-        )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 300
-            metrics = out / "metrics.jsonl"
-            while not (metrics.exists() and metrics.read_text().count('"kind":"train"') >= 3):
-                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
-                time.sleep(0.1)
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    metrics = out / "metrics.jsonl"
+    proc, err_path = train_until_ctrl_c(
+        tmp_path,
+        cfg,
+        out,
+        lambda: metrics.exists() and metrics.read_text().count('"kind":"train"') >= 3,
+    )
     stderr = err_path.read_text()
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
