@@ -59,15 +59,24 @@ def test_padded_pairs_are_the_row_gradients(one_hot, dims, weighted: bool, group
 
 
 @pytest.mark.parametrize("count_ids", [False, True])
-def test_padded_groups_merge_as_the_compact_ones(count_ids: bool) -> None:
+@pytest.mark.parametrize(
+    ("n_groups", "settle"),
+    [(3, False), (3, True), (11, False)],
+    ids=["settled-at-the-step", "settled-each-collect", "staging-buffer-grows"],
+)
+def test_padded_groups_merge_as_the_compact_ones(count_ids: bool, n_groups, settle) -> None:
     """The step's merge (:class:`GroupRows`, a GPU's) cuts each group's padding off: its sums
-    are the unique route's, bit for bit, and its one read-back is the groups' pair counts."""
+    are the unique route's, bit for bit, and its one read-back is the staged pair counts, of
+    every group not settled yet (``settle``: each group settled at the next collect, as the
+    optimizer does; 11 groups unsettled: more than the staging buffer's first 8 slots)."""
     tables = [(30, 4), (12, 4)]
     feature_table = [0, 1, 0]
     layout = LookupLayout.of(feature_table, [4, 4], [r for r, _ in tables])
     merged = {True: GroupRows(4, count_ids=count_ids), False: GroupRows(4, count_ids=count_ids)}
     padding = 0
-    for seed in range(3):  # three groups of one call each
+    for seed in range(n_groups):  # groups of one call each
+        if settle:
+            merged[True].settle()  # the collect's first act
         bags = random_bags([tables[t][0] for t in feature_table], batch=8, seed=seed, min_len=1)
         upstream = torch.randn(8, 12, generator=torch.Generator().manual_seed(seed))
         kjt = bags.kjt()

@@ -26,7 +26,7 @@ from dlrm_vrgd.config import DenseOptimConfig
 from dlrm_vrgd.data.synthetic import zipf_ranks
 from dlrm_vrgd.optim.dense import build_dense_optimizer
 from dlrm_vrgd.optim.noise_scale import NoiseScale
-from dlrm_vrgd.optim.sparse import SparseRowwiseOptimizer
+from dlrm_vrgd.optim.sparse import GroupRows, SparseRowwiseOptimizer
 
 from .syncs import SyncCounter
 
@@ -113,6 +113,21 @@ def host_tensors(opt: object, ebc: fbgemm.FbgemmEmbeddingBagCollection):  # type
     return host
 
 
+def staging_buffers(sparse_opt: SparseRowwiseOptimizer):  # type: ignore[no-untyped-def]
+    """``staging`` of :class:`SyncCounter`: the host buffers into which the merge
+    (:class:`~dlrm_vrgd.optim.sparse.accumulate.GroupRows`) stages its groups' pair counts, by
+    identity (a buffer it grows into is looked up when read)."""
+
+    def staging(t: torch.Tensor) -> bool:
+        return any(
+            isinstance(acc, GroupRows) and t is acc.host_counts
+            for accs in sparse_opt._acc
+            for acc in accs
+        )
+
+    return staging
+
+
 def counted_step(
     micro_batches: int,
     vr: bool,
@@ -143,10 +158,11 @@ def counted_step(
     noise = NoiseScale(MICRO)
     rng = np.random.default_rng(micro_batches)
     host = host_tensors(dense_opt, model.ebc)
+    staging = staging_buffers(sparse_opt)
 
     def one_step(count: bool) -> StepCounts:
         dense_opt.measure_steps = sparse_opt.measure_steps = measure
-        collect = SyncCounter(host)
+        collect = SyncCounter(host, staging)
         for _ in range(micro_batches):
             x = torch.from_numpy(rng.standard_normal((MICRO, DENSE_IN)).astype(np.float32))
             ids = torch.from_numpy(
@@ -157,11 +173,11 @@ def counted_step(
             with collect:
                 dense_opt.collect()
                 sparse_opt.collect()
-        with SyncCounter(host) as step:
+        with SyncCounter(host, staging) as step:
             dense_opt.step()
             sparse_opt.step()
             noise.update(dense_opt.noise_pieces(), sparse_opt.noise_pieces())
-        with SyncCounter(host) as record:  # the logged step's one read of its figures
+        with SyncCounter(host, staging) as record:  # the logged step's one read of its figures
             dense_summary = dense_opt.gsnr_summary()
             table_summary = sparse_opt.summary()
             dense_rows, table_rows = noise.dense_rows(), noise.table_rows()

@@ -22,6 +22,23 @@ read with ``.item()`` by its Adam; FBGEMM's ``iter_cpu``): reads of those are no
 left out. So is a tensor made on the host by intent, ``device="cpu"`` spelled as a string
 (``torch.optim``'s Adam makes one each step): on a CPU run every device is the CPU, so a device
 *object* is counted, since on a GPU it would be the GPU's.
+
+``staging`` names the host *staging* buffers (the pair counts :class:`~dlrm_vrgd.optim.sparse.
+accumulate.GroupRows` stages, pinned on CUDA): a read of one is left out only when all of these
+hold, and counted as its kind otherwise:
+
+* ``staging(t)`` says it is one (an identity test on the buffer, made by the harness);
+* its last fill was a ``copy_(src, non_blocking=True)`` that this counter saw (a blocking copy
+  into it counts as ``copy_ to host`` and makes its reads count again);
+* that fill was in an *earlier* region of this counter (an earlier ``with``: the harnesses
+  enter it once per collect, a micro-batch's forward and backward between two).
+
+That is when such a read does not stall the device's queue on CUDA: the copy was enqueued a
+micro-batch before, so it has arrived unless the host ran more than a micro-batch ahead, and
+even then the host waits for that copy's event, not for the work enqueued since (as a
+``.item()``/``.tolist()`` of a device tensor would). A read in the same region as its fill, a
+read of a buffer this counter never saw filled (the step's read of the last collect's counts:
+its fill was another counter's) and every read of a device tensor still count.
 """
 
 from __future__ import annotations
@@ -119,11 +136,20 @@ class SyncCounter:
     """Context manager: the sync-prone ops run inside it, by kind (:attr:`kinds`) and by kind
     and place (:attr:`where`). ``host(t)``: whether tensor ``t`` lives on the host on a GPU too."""
 
-    def __init__(self, host: Callable[[Tensor], bool] | None = None) -> None:
+    def __init__(
+        self,
+        host: Callable[[Tensor], bool] | None = None,
+        staging: Callable[[Tensor], bool] | None = None,
+    ) -> None:
         self.host = host or (lambda t: False)
+        self.staging = staging or (lambda t: False)
         self.kinds: collections.Counter[str] = collections.Counter()
         self.where: collections.Counter[tuple[str, str]] = collections.Counter()
+        #: reads left out as staged (see the module doc), by place: for a test to see them
+        self.staged_reads: collections.Counter[str] = collections.Counter()
         self._quiet = 0
+        self._region = 0
+        self._fills: dict[int, int] = {}  # staging storage -> region of its non-blocking fill
         self._fn = _FunctionCounter(self)
         self._dispatch = _DispatchCounter(self)
 
@@ -135,7 +161,29 @@ class SyncCounter:
         self.kinds[kind] += 1
         self.where[(kind, _caller())] += 1
 
+    def _filled(self, dst: Tensor, non_blocking: bool) -> str | None:
+        """A ``copy_`` into ``dst``: remembered if ``dst`` is a staging buffer."""
+        if not self.staging(dst._base if dst._base is not None else dst):
+            return None
+        key = dst.untyped_storage().data_ptr()
+        if non_blocking:
+            self._fills[key] = self._region
+            return None
+        self._fills.pop(key, None)
+        return "copy_ to host"
+
+    def _staged_earlier(self, t: Tensor) -> bool:
+        """``t`` is a staging buffer filled non-blocking in an earlier region (module doc)."""
+        if not self.staging(t):
+            return False
+        region = self._fills.get(t.untyped_storage().data_ptr())
+        if region is None or region >= self._region:
+            return False
+        self.staged_reads[_caller()] += 1
+        return True
+
     def __enter__(self) -> SyncCounter:
+        self._region += 1
         self._fn.__enter__()
         self._dispatch.__enter__()
         return self
@@ -155,7 +203,12 @@ class _FunctionCounter(TorchFunctionMode):
         if func in _READS:
             if isinstance(first, Tensor) and self.owner.host(first):
                 return ""  # a host tensor: read, but no sync
+            if isinstance(first, Tensor) and self.owner._staged_earlier(first):
+                return ""  # a staging buffer filled a region before: see the module doc
             return _READS[func]
+        if func is Tensor.copy_ and isinstance(first, Tensor):
+            non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
+            return self.owner._filled(first, bool(non_blocking))
         if func in _DATA_SIZED:
             return _DATA_SIZED[func]
         if func is torch.where and len(args) + len(kwargs) == 1:

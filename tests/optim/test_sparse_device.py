@@ -3,9 +3,10 @@
 every bag holds one id, and no host-side replay view (a GPU TBE has none). On that route a
 collect makes no sync-prone op of any kind :mod:`tests.optim.syncs` counts (scalar reads,
 ``tolist``, host-made device tensors, data-sized ops such as ``unique`` or boolean-mask
-indexing), a GSNR step two a row space (the groups' pair counts, read back in one copy, and
-the ``unique`` that sizes the step's merged rows), and their op counts do not grow with the
-number of tables. The whole trainer step is counted in ``test_step_syncs.py``.
+indexing; its one read, of the pair count the collect before staged on the host, is the
+counter's narrow exception for staging buffers), a GSNR step two a row space (the last group's
+staged pair count and the ``unique`` that sizes the step's merged rows), and their op counts do
+not grow with the number of tables. The whole trainer step is counted in ``test_step_syncs.py``.
 
 A TBE on the GPU keeps its tables in ``weights_dev``/``momentum1_dev``; the views address them
 there exactly as on the host (a stand-in TBE with ``DEVICE`` placements, below).
@@ -30,6 +31,7 @@ from dlrm_vrgd.data.synthetic import zipf_ranks
 from dlrm_vrgd.embedding.capture import LookupLayout
 from dlrm_vrgd.optim.sparse import SparseRowwiseOptimizer
 
+from .step_route import staging_buffers
 from .syncs import SyncCounter
 
 ROWS, DIM, BATCH, K = 2_000, 8, 512, 4
@@ -65,7 +67,8 @@ def device_route(tables: int, monkeypatch, **opt_kw) -> tuple[collections.Counte
     up = torch.randn(BATCH, tables * DIM, generator=torch.Generator().manual_seed(0))
     b = BATCH // K
     collect, step = collections.Counter(), collections.Counter()
-    collect_syncs, step_syncs = SyncCounter(), SyncCounter()
+    staging = staging_buffers(opt)  # the merge's pair counts, staged on the host
+    collect_syncs, step_syncs = SyncCounter(staging=staging), SyncCounter(staging=staging)
     for counting in (False, True):  # the second step: the first makes what is made once
         for j in range(K):
             kjt = KeyedJaggedTensor(
@@ -99,8 +102,10 @@ def test_gsnr_step_and_collect_read_nothing_back(opt_kw, monkeypatch) -> None:
         assert collect[name] == 0, (name, collect[name])
         assert step[name] == 0, (name, step[name])
     assert collect_syncs.total == 0, dict(collect_syncs.where)
-    # 6 tables of one dim, one row space: its groups' pair counts read back in one copy (to cut
-    # the padding off) and the ``unique`` that sizes the merged rows
+    # every collect but the step's first reads the count the one before staged: K - 1 reads
+    assert sum(collect_syncs.staged_reads.values()) == K - 1, collect_syncs.staged_reads
+    # 6 tables of one dim, one row space: the last group's staged pair count (to cut its
+    # padding off) and the ``unique`` that sizes the merged rows
     assert dict(step_syncs.kinds) == {"tolist": 1, "unique": 1}, dict(step_syncs.where)
     assert step["aten::index_add_"] > 0  # the step did run (the counter sees its ops)
 

@@ -1,5 +1,6 @@
 """The counter of the step's sync tests (:mod:`tests.optim.syncs`): every kind it names is
-counted once, the ops that keep to the device are not, nor the reads of host tensors."""
+counted once, the ops that keep to the device are not, nor the reads of host tensors, nor a
+named staging buffer's read a region after its non-blocking fill (and nothing else like it)."""
 
 from __future__ import annotations
 
@@ -111,3 +112,73 @@ def test_counts_accumulate_over_entries() -> None:
             x.tolist()
         x.tolist()  # outside: not counted
     assert counter.kinds == {"tolist": 3}
+
+
+class Staged:
+    """A host staging buffer filled from a "device" tensor, as the merge stages its counts."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(4, dtype=torch.int64, device="cpu")
+        self.counter = SyncCounter(staging=lambda t: t is self.buffer)
+
+    def fill(self, non_blocking: bool = True) -> None:
+        self.buffer[0].copy_(ids.sum(), non_blocking=non_blocking)
+
+
+def test_a_staging_buffer_read_a_region_after_its_fill_is_left_out() -> None:
+    """Filled non-blocking in one region (a collect), read in the next: the copy was enqueued a
+    micro-batch before. Seen, and named, in ``staged_reads``."""
+    s = Staged()
+    with s.counter:
+        s.fill()
+    with s.counter:
+        s.buffer.tolist()
+    assert s.counter.total == 0
+    (place,) = s.counter.staged_reads
+    assert place.startswith("tests/optim/test_syncs.py:")
+
+
+def test_a_staging_buffer_read_in_its_fills_region_counts() -> None:
+    """Read right after its fill, the host would wait for the copy (and what came before)."""
+    s = Staged()
+    with s.counter:
+        s.fill()
+        s.buffer.tolist()
+    assert s.counter.kinds == {"tolist": 1} and not s.counter.staged_reads
+
+
+def test_a_staging_buffer_filled_by_a_blocking_copy_counts() -> None:
+    s = Staged()
+    with s.counter:
+        s.fill(non_blocking=False)
+    with s.counter:
+        s.buffer.tolist()
+    assert s.counter.kinds == {"copy_ to host": 1, "tolist": 1}
+
+
+def test_a_staging_buffer_whose_fill_the_counter_did_not_see_counts() -> None:
+    """The step reads the last collect's counts: filled under another counter, counted."""
+    s = Staged()
+    s.fill()
+    with s.counter:
+        s.buffer.tolist()
+    assert s.counter.kinds == {"tolist": 1}
+
+
+def test_a_device_read_a_region_later_still_counts() -> None:
+    """Only the named buffer is left out: the device tensor its copy came from, read with
+    ``.item()`` or ``.tolist()`` a region later, and another host buffer filled the same way
+    but not named, count as before."""
+    s = Staged()
+    other = torch.empty(1, dtype=torch.int64, device="cpu")
+    total = ids.sum()
+    with s.counter:
+        s.buffer[0].copy_(total, non_blocking=True)
+        other.copy_(total, non_blocking=True)
+    with s.counter:
+        total.item()
+        total.tolist()
+        other.tolist()
+        s.buffer.tolist()  # the one left out
+    assert s.counter.kinds == {"item": 1, "tolist": 2}
+    assert sum(s.counter.staged_reads.values()) == 1

@@ -274,6 +274,8 @@ class SparseRowwiseOptimizer:
     def collect(self) -> None:
         """Fold the row gradients captured since the last call in as one more group."""
         for lookup, accs in zip(self.lookups, self._acc, strict=True):
+            for acc in accs:  # the last collect's padded groups, cut to their pairs
+                acc.settle()
             for call in lookup.capture.take():
                 for acc, rg in zip(accs, call, strict=True):
                     acc.add(rg)
