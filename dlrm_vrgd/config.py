@@ -297,8 +297,9 @@ class ModelConfig(_Section):
 
 # ---------------------------------------------------------------------------------- optim
 DenseOptimizerName = Literal[
-    "sgd", "adam", "adamw", "adagrad", "lars", "lamb", "vrsgd", "vradam", "vrlars", "vrlamb"
-]
+    "sgd", "adam", "adamw", "adagrad", "lars", "lamb",
+    "vrsgd", "vradam", "vrlars", "vrlamb", "vradagrad",
+]  # fmt: skip
 SparseOptimizerName = Literal[
     "rowwise_adagrad",
     "sgd",
@@ -310,12 +311,14 @@ SparseOptimizerName = Literal[
 
 
 class DenseOptimConfig(_Section):
-    """Dense-layer optimizer. ``vr*`` names are the VRGD variants of sgd / adamw / LARS / LAMB
-    (DESIGN.md 4.2); ``gamma`` and ``gsnr_beta`` apply to them only, ``trust_coefficient`` to
-    (vr)lars. ``lars`` / ``lamb`` are the plain algorithms (VRLARS / VRLAMB with γ = 1)."""
+    """Dense-layer optimizer. ``vr*`` names are the VRGD variants of sgd / adamw / LARS / LAMB /
+    Adagrad (DESIGN.md 4.2, docs/vrgd.md); ``gamma`` and ``gsnr_beta`` apply to them only,
+    ``trust_coefficient`` to (vr)lars, ``initial_accumulator_value`` to (vr)adagrad. ``lars`` /
+    ``lamb`` are the plain algorithms (VRLARS / VRLAMB with γ = 1); ``adagrad`` is
+    ``torch.optim.Adagrad`` (``lr_decay`` 0)."""
 
     #: Plain `sgd`, `adam`, `adamw`, `adagrad`, `lars`, `lamb`, or VRGD `vrsgd`, `vradam`,
-    #: `vrlars`, `vrlamb`.
+    #: `vrlars`, `vrlamb`, `vradagrad`.
     name: DenseOptimizerName = "adamw"
     #: Base learning rate of the dense layers (before warm-up, decay and batch scaling).
     lr: Real(gt=0.0, le=1e6) = 1e-3
@@ -329,15 +332,19 @@ class DenseOptimConfig(_Section):
     weight_decay: Real(ge=0.0, le=1e6) = 0.0
     #: Adam's and LAMB's moment factors (β1, β2).
     betas: tuple[Fraction, Fraction] = (0.9, 0.999)
-    #: Added to the denominator of the adaptive optimizers.
+    #: Added to the denominator of the adaptive optimizers (MLPerf's DLRMv2 Adagrad, like
+    #: `torch.optim.Adagrad`'s default, uses 1e-10).
     eps: Real(gt=0.0, le=1.0) = 1e-8
+    #: The starting sum of squares of (vr)adagrad, as `torch.optim.Adagrad`'s (MLPerf: 0).
+    initial_accumulator_value: Real(ge=0.0, le=1e6) = 0.0
     #: Lower clip of the GSNR ratio: 1 reproduces the base optimizer exactly.
     gamma: Real(gt=0.0, le=1.0) = 0.1
     #: EMA factor of the ratio for vradam / vrlamb.
     gsnr_beta: Fraction = 0.9
     #: Where vradam / vrlamb apply the ratio: ``gradient`` (the paper's: ``p̂⊙ḡ`` feeds both
     #: moments) or ``update`` (the moments see ``ḡ``; Adam's step is scaled by ``p̂``). vrsgd and
-    #: vrlars are linear in ``ḡ``: both values mean the same for them.
+    #: vrlars are linear in ``ḡ``: both values mean the same for them. vradagrad has one
+    #: placement, whatever this says: its sum sees ``ḡ`` and ``r`` scales its step.
     gsnr_placement: Literal["gradient", "update"] = "gradient"
     #: LARS's trust coefficient η (lars and vrlars).
     trust_coefficient: Real(gt=0.0, le=1e6) = 0.001

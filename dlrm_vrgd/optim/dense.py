@@ -21,7 +21,15 @@ from torch import nn
 
 from dlrm_vrgd.config import DenseOptimConfig
 from dlrm_vrgd.optim.noise_scale import GroupSqNorms, NoisePieces, sq_norms
-from dlrm_vrgd.optim.vrgd import VR_OPTIMIZERS, VRLAMB, VRLARS, VRSGD, GroupGSNROptimizer, VRAdam
+from dlrm_vrgd.optim.vrgd import (
+    VR_OPTIMIZERS,
+    VRLAMB,
+    VRLARS,
+    VRSGD,
+    GroupGSNROptimizer,
+    VRAdagrad,
+    VRAdam,
+)
 
 
 class GroupAveraged:
@@ -162,6 +170,13 @@ def build_dense_optimizer(
         elif cfg.name == "vradam":
             opt = VRAdam(named, betas=cfg.betas, eps=cfg.eps, gsnr_beta=cfg.gsnr_beta,
                          placement=cfg.gsnr_placement, **common)  # fmt: skip
+        elif cfg.name == "vradagrad":  # one placement: the ratio scales the step
+            opt = VRAdagrad(
+                named,
+                eps=cfg.eps,
+                initial_accumulator_value=cfg.initial_accumulator_value,
+                **common,
+            )
         elif cfg.name == "vrlars":
             opt = VRLARS(
                 named,
@@ -195,7 +210,13 @@ def build_dense_optimizer(
             params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
         )
     elif cfg.name == "adagrad":
-        inner = torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        inner = torch.optim.Adagrad(
+            params,
+            lr=cfg.lr,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            initial_accumulator_value=cfg.initial_accumulator_value,
+        )
     else:  # pragma: no cover - the config's Literal rules this out
         raise ValueError(f"unknown dense optimizer {cfg.name!r}")
     for group in inner.param_groups:

@@ -1,4 +1,5 @@
-"""VRGD optimizers: SGD, Adam(W), LARS and LAMB with a per-element GSNR step scale (DESIGN.md 4.2).
+"""VRGD optimizers: SGD, Adam(W), LARS, LAMB and Adagrad with a per-element GSNR step scale
+(DESIGN.md 4.2; VR-Adagrad: docs/vrgd.md).
 
 Each is a ``torch.optim.Optimizer`` with the *group protocol*: after the backward of each
 gradient group (a micro-batch, whose loss is the mean over its own rows) call :meth:`collect`;
@@ -21,6 +22,14 @@ ratio ``r`` of :func:`~dlrm_vrgd.optim.gsnr.gsnr_ratio` per tensor, and updates:
   ``u = p̂⊙m̂/(√v̂ + ε) + wd·θ``), ``θ −= lr·(‖θ‖/‖u‖)·u`` (ratio 1 if a norm is 0). The trust
   ratio undoes any scale shared by a whole tensor, so under ``update`` only the spread of
   ``p̂`` within a tensor changes the step.
+
+* :class:`VRAdagrad`: ``torch.optim.Adagrad`` (L2 weight decay, ``lr_decay = 0``) with the ratio
+  on the step, as VR-SGD's: ``g = ḡ + wd·θ``, ``s ← s + g⊙g`` (``s₀`` =
+  ``initial_accumulator_value``), ``θ −= lr·(r⊙ḡ + wd·θ)/(√s + ε)``: the accumulator sees the
+  unscaled gradient and every element moves by exactly ``r ∈ [γ, 1]`` times Adagrad's own step
+  from the same state (``wd = 0``). ``placement="gradient"`` (for comparison) hands ``r⊙ḡ`` to
+  Adagrad, accumulator included; Adagrad's ``g/√Σg²`` then cancels the ratio on an element's
+  first step and any ratio that is constant over time (as for the tables, DESIGN.md 4.3).
 
 VR-SGD and VR-LARS are linear in ``ḡ``: they have one placement (the ratio scales ``ḡ``, never
 the weight decay).
@@ -45,6 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.optim import Optimizer
+from torch.optim.adagrad import adagrad as adagrad_update
 from torch.optim.adam import adam as adam_update
 from torch.optim.sgd import sgd as sgd_update
 
@@ -642,9 +652,106 @@ class VRLAMB(VRAdam):
             p.addcmul_(u, (group["lr"] * trust).to(p.dtype), value=-1.0)
 
 
+class VRAdagrad(GroupGSNROptimizer):
+    """Adagrad whose step is scaled element-wise by the GSNR ratio ``r``, as VR-SGD's.
+
+    With ``ḡ`` the mean group gradient (shape of ``θ``), ``r ∈ [γ, 1]`` its clipped ratio, ``s``
+    the per-element sum of squares (state ``"sum"``, starting at ``initial_accumulator_value``)
+    and ``t`` the step count (state ``"step"``), ``placement="update"`` (the default) is::
+
+        g = ḡ + wd·θ                       (torch.optim.Adagrad's L2 weight decay)
+        s ← s + g⊙g                        (the unscaled gradient)
+        θ ← θ − lr·(r⊙ḡ + wd·θ)/(√s + ε)   (the ratio scales ḡ, never the decay)
+
+    so every element moves by exactly ``r`` times Adagrad's step from the same state (``wd =
+    0``); ``γ = 1`` is ``torch.optim.Adagrad`` (``lr_decay = 0``), state keys included.
+    ``placement="gradient"`` hands ``u = r⊙ḡ`` to Adagrad (``g = u + wd·θ`` feeds ``s`` and the
+    step): the paper's form for Adam, kept for comparison; Adagrad's ``g/√Σg²`` cancels ``r`` on
+    an element's first step and any ``r`` that stays constant over steps.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-2,
+        eps: float = 1e-10,
+        weight_decay: float = 0.0,
+        initial_accumulator_value: float = 0.0,
+        gamma: float = 0.1,
+        placement: str = "update",
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        foreach: bool = True,
+    ) -> None:
+        _check_common(lr, weight_decay, gamma)
+        _check("epsilon value", eps, eps >= 0.0)
+        _check(
+            "initial_accumulator_value",
+            initial_accumulator_value,
+            initial_accumulator_value >= 0.0,
+        )
+        _check_placement(placement)
+        defaults = dict(
+            lr=lr,
+            eps=eps,
+            weight_decay=weight_decay,
+            initial_accumulator_value=initial_accumulator_value,
+            gamma=gamma,
+            placement=placement,
+        )
+        super().__init__(params, defaults, process_group, foreach)
+
+    def _update(self, group, params, means, ratios) -> None:
+        sums, steps = [], []
+        for p in params:
+            state = self.state[p]
+            if "sum" not in state:  # torch.optim.Adagrad's state, created on first use
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["sum"] = torch.full_like(
+                    p, group["initial_accumulator_value"], memory_format=torch.preserve_format
+                )
+            sums.append(state["sum"])
+            steps.append(state["step"])
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        if group.get("placement", "update") == "gradient" or ratios[0] is None:
+            adagrad_update(
+                params,
+                [_scaled(m, r) for m, r in zip(means, ratios, strict=True)],
+                sums,
+                steps,
+                foreach=self.foreach,
+                lr=lr,
+                weight_decay=wd,
+                lr_decay=0.0,
+                eps=eps,
+                maximize=False,
+            )
+            return
+        for t in steps:  # on the CPU, as torch.optim.Adagrad keeps it
+            t.add_(1)
+        if self.foreach:
+            grads = torch._foreach_add(means, params, alpha=wd) if wd else means
+            torch._foreach_addcmul_(sums, grads, grads)
+            std = torch._foreach_sqrt(sums)
+            torch._foreach_add_(std, eps)
+            steps_scaled = torch._foreach_mul(means, ratios)
+            if wd:
+                torch._foreach_add_(steps_scaled, params, alpha=wd)
+            torch._foreach_addcdiv_(params, steps_scaled, std, value=-lr)
+            return
+        for p, m, r, s in zip(params, means, ratios, sums, strict=True):
+            g = m.add(p, alpha=wd) if wd else m
+            s.addcmul_(g, g)
+            u = m * r
+            if wd:
+                u.add_(p, alpha=wd)
+            p.addcdiv_(u, s.sqrt().add_(eps), value=-lr)
+
+
 VR_OPTIMIZERS: dict[str, type[GroupGSNROptimizer]] = {
     "vrsgd": VRSGD,
     "vradam": VRAdam,
     "vrlars": VRLARS,
     "vrlamb": VRLAMB,
+    "vradagrad": VRAdagrad,
 }

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlrm_vrgd.optim.vrgd import VRLAMB, VRLARS, VRSGD, VRAdam
+from dlrm_vrgd.optim.vrgd import VRLAMB, VRLARS, VRSGD, VRAdagrad, VRAdam
 
 SHAPES = [(6, 4), (4,), (3, 6), (3,)]
 
@@ -108,6 +108,14 @@ CASES = {
         ),
         lambda ps: LARS(ps, lr=2.0, momentum=0.9, weight_decay=1e-3, eta=0.02, eps=1e-8),
     ),
+    "adagrad": (
+        lambda ps: VRAdagrad(
+            ps, lr=0.05, eps=1e-8, weight_decay=0.01, initial_accumulator_value=0.1, gamma=1.0
+        ),
+        lambda ps: torch.optim.Adagrad(
+            ps, lr=0.05, eps=1e-8, weight_decay=0.01, initial_accumulator_value=0.1
+        ),
+    ),
     "lamb": (
         lambda ps: VRLAMB(ps, lr=0.01, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.01, gamma=1.0),
         lambda ps: LAMB(ps, lr=0.01, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.01),
@@ -189,7 +197,23 @@ def test_loss_scale_does_not_change_the_ratios() -> None:
     assert results[0] == pytest.approx(results[1], rel=1e-5)
 
 
-@pytest.mark.parametrize("cls", [VRSGD, VRAdam, VRLARS, VRLAMB])
+@pytest.mark.parametrize("foreach", [True, False])
+def test_vradagrad_ratio_one_step_is_torch_adagrad(foreach: bool) -> None:
+    """With γ < 1 but one group a step the ratio is 1 and VR-Adagrad's own step kernel runs
+    (not torch's, which γ = 1 hands it to): it must still be ``torch.optim.Adagrad``."""
+    ours, ref = make_params(), make_params()
+    opt = VRAdagrad(ours, lr=0.05, weight_decay=0.01, initial_accumulator_value=0.1, gamma=0.2)
+    opt.foreach = foreach
+    vr_steps(opt, ours, steps=4, k=1)
+    base = torch.optim.Adagrad(ref, lr=0.05, weight_decay=0.01, initial_accumulator_value=0.1)
+    base_steps(base, ref, steps=4, k=1)
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b)
+    assert opt.state[ours[0]].keys() == base.state[ref[0]].keys() == {"step", "sum"}
+    torch.testing.assert_close(opt.state[ours[0]]["sum"], base.state[ref[0]]["sum"])
+
+
+@pytest.mark.parametrize("cls", [VRSGD, VRAdam, VRLARS, VRLAMB, VRAdagrad])
 def test_state_dict_round_trip_mid_run(cls) -> None:
     kwargs = {"lr": 0.01, "gamma": 0.2}
     if cls is VRSGD:
@@ -276,6 +300,10 @@ def test_step_without_collect_is_an_error() -> None:
         (lambda p: VRLARS(p, trust_coefficient=0.0), "trust_coefficient"),
         (lambda p: VRSGD(p, lr=0.1, nesterov=True), "Nesterov"),
         (lambda p: VRAdam(p, weight_decay=-1.0), "weight_decay"),
+        (lambda p: VRAdagrad(p, initial_accumulator_value=-0.1), "initial_accumulator_value"),
+        (lambda p: VRAdagrad(p, eps=-1e-10), "epsilon"),
+        (lambda p: VRAdagrad(p, placement="moments"), "placement"),
+        (lambda p: VRAdagrad(p, gamma=0.0), "gamma"),
     ],
 )
 def test_bad_hyperparameters_are_named(make, match: str) -> None:
@@ -318,6 +346,7 @@ def _cross_rank_worker(rank: int, world: int, cls_name: str, a: int) -> list[tor
         pytest.param(VRSGD, marks=pytest.mark.slow),
         VRAdam,
         pytest.param(VRLAMB, marks=pytest.mark.slow),
+        pytest.param(VRAdagrad, marks=pytest.mark.slow),
     ],
 )
 def test_two_ranks_equal_one_rank_with_twice_the_groups(cls, tmp_path) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from dlrm_vrgd.optim.vrgd import VRLAMB, VRLARS, VRSGD, VRAdam
+from dlrm_vrgd.optim.vrgd import VRLAMB, VRLARS, VRSGD, VRAdagrad, VRAdam
 
 K = 4  # groups per step
 STEPS = 4
@@ -137,6 +137,15 @@ class Reference:
         st["b"] = mu * st.get("b", torch.zeros_like(w)) + lr * trust * u
         w -= st["b"]
 
+    def adagrad(self, w, st, mean, r) -> None:
+        """VR-Adagrad (docs/vrgd.md): ``update`` keeps the sum on the unscaled ḡ + wd·θ and
+        moves by lr·(r⊙ḡ + wd·θ)/(√s + ε); ``gradient`` feeds r⊙ḡ + wd·θ to both."""
+        lr, wd, eps = self.hp["lr"], self.hp["wd"], self.hp["eps"]
+        u = r * mean + wd * w  # the ratio scales ḡ, never the weight decay
+        g = mean + wd * w if self.hp["placement"] == "update" else u
+        st["s"] = st.get("s", torch.full_like(w, self.hp["init"])) + g * g
+        w -= lr * u / (st["s"].sqrt() + eps)
+
 
 # ------------------------------------------------------------------------------- cases
 CASES = {
@@ -174,6 +183,36 @@ CASES = {
         "lamb",
         dict(lr=0.01, wd=0.01, eps=1e-6, betas=(0.9, 0.999), gsnr_beta=0.8, placement="update"),
     ),
+    "vradagrad-update": (
+        lambda ps: VRAdagrad(ps, lr=0.05, weight_decay=0.01, gamma=GAMMA),
+        "adagrad",
+        dict(lr=0.05, wd=0.01, eps=1e-10, init=0.0, placement="update"),
+    ),
+    "vradagrad-update-single-tensor": (
+        lambda ps: VRAdagrad(
+            ps,
+            lr=0.05,
+            eps=1e-8,
+            weight_decay=0.02,
+            initial_accumulator_value=0.1,
+            gamma=GAMMA,
+            foreach=False,
+        ),
+        "adagrad",
+        dict(lr=0.05, wd=0.02, eps=1e-8, init=0.1, placement="update"),
+    ),
+    "vradagrad-gradient": (
+        lambda ps: VRAdagrad(
+            ps,
+            lr=0.05,
+            weight_decay=0.01,
+            initial_accumulator_value=0.1,
+            gamma=GAMMA,
+            placement="gradient",
+        ),
+        "adagrad",
+        dict(lr=0.05, wd=0.01, eps=1e-10, init=0.1, placement="gradient"),
+    ),
     "vrlars": (
         lambda ps: VRLARS(
             ps, lr=0.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.02, gamma=GAMMA
@@ -209,7 +248,11 @@ def run_protocol_step(model: nn.Module, opt, step: int) -> None:
 def test_reference_is_sensitive_to_the_ratio() -> None:
     """The cases above would catch an optimizer that ignores the ratio: the reference with
     γ = 1 (no damping) ends far from the reference with γ < 1."""
-    for rule, hp in (("adam", CASES["vradam-gradient"][2]), ("sgd", CASES["vrsgd-momentum"][2])):
+    for rule, hp in (
+        ("adam", CASES["vradam-gradient"][2]),
+        ("sgd", CASES["vrsgd-momentum"][2]),
+        ("adagrad", CASES["vradagrad-update"][2]),
+    ):
         damped, plain = make_model(), make_model()
         a = Reference(damped, rule, gamma=GAMMA, **hp)
         b = Reference(plain, rule, gamma=1.0, **hp)
