@@ -53,6 +53,7 @@ class _Section(BaseModel):
 MAX_ROWS = 1 << 40  # rows of a split (Criteo 1TB has 4.4e9)
 MAX_TABLE_ROWS = 2**31 - 1  # rows of one embedding table (as data.criteo allows)
 MAX_TABLES = 1024
+MAX_BAG = 4096  # ids of one table in a multi-hot row (MLPerf DLRMv2's largest: 100)
 MAX_FEATURES = 1024  # dense features
 MAX_EMBEDDING_DIM = 4096
 MAX_WIDTH = 65_536  # one MLP layer
@@ -179,6 +180,20 @@ class SyntheticData(_Section):
     #: Keep up to this many MB of generated rows in memory, shared by every run of a process
     #: with the same data (a study trains many cells on the same rows); 0 = none.
     cache_mb: Count(0, 1 << 24) = 0
+    #: Multi-hot ids: the bag size of each table (ids a row of it), made from the one-hot ids
+    #: by MLPerf DLRMv2's synthesis (docs/input.md); None: one id a table.
+    multi_hot_sizes: Annotated[
+        list[Count(1, MAX_BAG)] | None, Field(max_length=MAX_TABLES), ADDED_LATER
+    ] = None
+
+    @model_validator(mode="after")
+    def _check_bags(self) -> SyntheticData:
+        sizes = self.multi_hot_sizes
+        if sizes is not None and len(sizes) != len(self.cardinalities):
+            raise ValueError(
+                f"multi_hot_sizes: {len(sizes)} bag sizes for {len(self.cardinalities)} tables"
+            )
+        return self
 
 
 class CriteoData(_Section):
@@ -215,6 +230,18 @@ class CriteoData(_Section):
     shuffle_block_rows: Count(1, MAX_MICRO_BATCH) = 65_536
     #: Check every file's SHA-256 against the manifest when opening (sizes always are).
     verify_checksums: Flag = False
+    #: Multi-hot ids: the bag size of each table. Days of one-hot ids are made multi-hot as
+    #: they are read, by MLPerf DLRMv2's synthesis (tables of `max_rows_per_table` rows);
+    #: days of MLPerf's `day_{i}_sparse_multi_hot.npz` are read as they are (their sizes must
+    #: match). None: one-hot days one id a table, multi-hot days their own sizes.
+    multi_hot_sizes: Annotated[
+        list[Count(1, MAX_BAG)] | None, Field(max_length=MAX_TABLES), ADDED_LATER
+    ] = None
+    #: Keep the synthesis's lookup tables (23 GB at MLPerf's caps) in this directory, made once
+    #: and memory-mapped by every rank and worker (None: drawn in memory by each process).
+    multi_hot_cache: Annotated[
+        Path | None, Field(json_schema_extra={"maxLength": MAX_PATH_CHARS}), OPERATIONAL
+    ] = None
 
     @field_validator("path")
     @classmethod

@@ -26,6 +26,14 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--overwrite", action="store_true", help="replace an earlier output")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument(
+        "--multi-hot",
+        nargs="?",
+        const="config",
+        metavar="SIZES",
+        help="write multi-hot days (MLPerf's day_N_sparse_multi_hot.npz): bag sizes S,S,... "
+        "one a table, `mlperf` for MLPerf DLRMv2's, or none given: data.multi_hot_sizes",
+    )
+    g.add_argument(
         "--split",
         action="append",
         choices=["train", "val", "test"],
@@ -38,13 +46,39 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
         "data (data.source: criteo). `score` reads raw text or preprocessed directories, not "
         "these.",
         "dlrm-vrgd generate --config configs/demo.yaml --out data/demo_days",
+        "dlrm-vrgd generate --config configs/demo.yaml --out data/demo_mh --multi-hot mlperf",
     )
+
+
+def multi_hot_sizes(text: str | None, configured: list[int] | None) -> list[int] | None:
+    """``--multi-hot``'s bag sizes: None (one-hot days), the config's (``config``), MLPerf's
+    (``mlperf``) or a comma-separated list."""
+    if text is None:
+        return None
+    if text == "config":
+        if configured is None:
+            raise ValueError("--multi-hot without sizes needs data.multi_hot_sizes in the config")
+        return list(configured)
+    if text == "mlperf":
+        from dlrm_vrgd.data.multihot import MLPERF_MULTI_HOT_SIZES
+
+        return list(MLPERF_MULTI_HOT_SIZES)
+    try:
+        sizes = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--multi-hot {text!r}: expected S,S,... (integers), or mlperf") from None
+    if min(sizes) < 1:
+        raise ValueError(f"--multi-hot {text!r}: bag sizes are at least 1")
+    return sizes
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from dlrm_vrgd.data import export
 
     cfg = load_config(args.config, args.set)
+    sizes = multi_hot_sizes(args.multi_hot, getattr(cfg.data, "multi_hot_sizes", None))
+    if args.split and sizes is not None:
+        raise ValueError("--multi-hot writes day files; it does not combine with --split")
     if args.split:  # torchrec's {split}_*.npy names, one split at a time
         for split in args.split:
             paths = export.export_split(cfg, split, Path(args.out))
@@ -57,6 +91,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         workers=args.workers,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        multi_hot=sizes,
     )
     print("\n".join(export.summary_lines(result)))
     return 0

@@ -25,6 +25,8 @@ from dlrm_vrgd.data.rows import Rows, RowSource
 if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+    from dlrm_vrgd.data.multihot import BagLayout
+
 
 def feature_names(num_tables: int) -> list[str]:
     return [f"cat_{i}" for i in range(num_tables)]
@@ -32,13 +34,16 @@ def feature_names(num_tables: int) -> list[str]:
 
 @dataclass
 class Batch:
-    """``dense`` B x F float32, ``sparse`` B x T int64 (one id per table), ``labels`` B float32,
-    ``probs`` B float32 true click probabilities when the data is synthetic."""
+    """``dense`` B x F float32, ``sparse`` B x T int64 (one id per table; multi-hot: B x L, the
+    bags of ``bags`` side by side), ``labels`` B float32, ``probs`` B float32 true click
+    probabilities when the data is synthetic; ``bags``: the fixed bag sizes of multi-hot data
+    (None: one-hot)."""
 
     dense: torch.Tensor
     sparse: torch.Tensor
     labels: torch.Tensor
     probs: torch.Tensor | None = None
+    bags: BagLayout | None = None
 
     @staticmethod
     def from_rows(rows: Rows) -> Batch:
@@ -47,6 +52,7 @@ class Batch:
             sparse=torch.from_numpy(np.ascontiguousarray(rows.sparse, dtype=np.int64)),
             labels=torch.from_numpy(np.ascontiguousarray(rows.labels, dtype=np.float32)),
             probs=None if rows.probs is None else torch.from_numpy(rows.probs),
+            bags=rows.bags,
         )
 
     def __len__(self) -> int:
@@ -58,12 +64,17 @@ class Batch:
             self.sparse.to(device),
             self.labels.to(device),
             None if self.probs is None else self.probs.to(device),
+            self.bags,
         )
 
     def kjt(self, keys: list[str]) -> KeyedJaggedTensor:
-        """The categorical ids as a KeyedJaggedTensor ``[T x B x 1]`` (one id per bag)."""
+        """The categorical ids as a KeyedJaggedTensor ``[T x B x 1]`` (one id per bag;
+        multi-hot: ``[T x B x s_t]``, its lengths and offsets the static ones of
+        :meth:`~dlrm_vrgd.data.multihot.BagLayout.kjt`)."""
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+        if self.bags is not None:
+            return self.bags.kjt(self.sparse, keys)
         n, t = self.sparse.shape
         return KeyedJaggedTensor(
             keys=keys,

@@ -10,6 +10,9 @@ from the day files at the reader's speed (docs/input.md)::
       day_{i}_sparse.npy   N x T int64     ids
       day_{i}_labels.npy   N x 1 int32     0 / 1
       day_{i}_probs.npy    N float32       the true click probabilities (the oracle's)
+      day_{i}_sparse_multi_hot.npz         instead of day_{i}_sparse.npy with ``multi_hot``:
+                           MLPerf DLRMv2's layout, one ``{k}.npy`` (N x s_k int32) a table,
+                           the ids made multi-hot by MLPerf's synthesis (data/multihot.py)
       manifest.json        the Criteo source's manifest (rows, shapes, SHA-256 of every file,
                            cardinalities, the days of each split) and ``generated``: the data
                            config and the oracle metrics of every split
@@ -209,12 +212,19 @@ def generate_days(
     workers: int | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    multi_hot: list[int] | None = None,
 ) -> GenerateResult:
     """Write the synthetic splits of ``cfg`` as Criteo day files into ``out`` (module
-    docstring), with ``workers`` processes (None: every core this process may use)."""
+    docstring), with ``workers`` processes (None: every core this process may use);
+    ``multi_hot``: bag sizes, one a table, to write MLPerf's multi-hot npz days instead of
+    one-hot ids."""
     global _GEN
     if not isinstance(cfg.data, SyntheticData):
         raise ValueError("generate needs data.source: synthetic")
+    if multi_hot is not None and len(multi_hot) != len(cfg.data.cardinalities):
+        raise ValueError(
+            f"--multi-hot: {len(multi_hot)} bag sizes for {len(cfg.data.cardinalities)} tables"
+        )
     if rows_per_day is not None and rows_per_day < 1:
         raise ValueError(f"--rows-per-day must be at least 1, got {rows_per_day}")
     t0 = time.perf_counter()
@@ -248,7 +258,9 @@ def generate_days(
                 clicks = _run_tasks(staging, tasks, days, workers, bar.update, rows_of)
         else:  # no tqdm needed (a bare GPU host: bench/gpu_check.py)
             clicks = _run_tasks(staging, tasks, days, workers, lambda n: None, rows_of)
-        manifest = _manifest(cfg, gen, days, staging, clicks, workers)
+        if multi_hot is not None:
+            _write_multi_hot(staging, days, data.cardinalities, multi_hot)
+        manifest = _manifest(cfg, gen, days, staging, clicks, workers, multi_hot)
         atomic_write_json(staging / MANIFEST, manifest)
         os.chmod(staging / MANIFEST, 0o644)
         publish(staging, out)
@@ -262,6 +274,28 @@ def generate_days(
     return GenerateResult(out, manifest, seconds, workers)
 
 
+def _write_multi_hot(
+    staging: Path, days: list[DayPlan], cardinalities: list[int], sizes: list[int]
+) -> None:
+    """Each day's one-hot ids as MLPerf's ``day_{i}_sparse_multi_hot.npz`` (the one-hot file
+    is removed): MLPerf's materialize script, applied to our days."""
+    from dlrm_vrgd.data.criteo.npz import multi_hot_file, write_multi_hot
+    from dlrm_vrgd.data.multihot import MultiHotTables
+
+    tables = MultiHotTables(cardinalities, sizes)
+    for day in days:
+        onehot = staging / day_file(day.day, "sparse")
+        ids = np.load(onehot, mmap_mode="r")
+        write_multi_hot(
+            staging / multi_hot_file(day.day),
+            day.rows,
+            sizes,
+            lambda k, a, b, ids=ids: tables.bag(k, np.asarray(ids[a:b, k])),
+        )
+        del ids
+        onehot.unlink()
+
+
 def _manifest(
     cfg: TrainConfig,
     gen: SyntheticCriteo,
@@ -269,13 +303,21 @@ def _manifest(
     staging: Path,
     clicks: dict[int, int],
     workers: int,
+    multi_hot: list[int] | None = None,
 ) -> dict[str, Any]:
+    from dlrm_vrgd.data.criteo.npz import multi_hot_file
+
     data = cfg.data
     assert isinstance(data, SyntheticData)
     f, t = data.num_dense, len(data.cardinalities)
+
+    def name(day: int, kind: str) -> str:
+        multi = kind == "sparse" and multi_hot is not None
+        return multi_hot_file(day) if multi else day_file(day, kind)
+
     with ThreadPoolExecutor(min(8, max(1, workers))) as hasher:
         hashes = {
-            (d.day, k): hasher.submit(sha256_file, staging / day_file(d.day, k), sync=True)
+            (d.day, k): hasher.submit(sha256_file, staging / name(d.day, k), sync=True)
             for d in days
             for k in KINDS
         }
@@ -283,6 +325,15 @@ def _manifest(
         for d in days:
             files = {}
             for kind, (shape, dtype) in _specs(d, f, t).items():
+                if kind == "sparse" and multi_hot is not None:
+                    path = staging / multi_hot_file(d.day)
+                    files["sparse_multi_hot"] = {
+                        "file": path.name,
+                        "sizes": list(multi_hot),
+                        "bytes": path.stat().st_size,
+                        "sha256": hashes[(d.day, kind)].result(),
+                    }
+                    continue
                 path = staging / day_file(d.day, kind)
                 files[kind] = {
                     "file": path.name,
@@ -322,6 +373,11 @@ def _manifest(
         "inputs": [],
         "days": records,
         "splits": {f"{s}_days": split_days[s] for s in SPLITS},
+        **(
+            {"multi_hot": {"sizes": list(multi_hot), "synthesis": "mlperf-uniform, seed 0"}}
+            if multi_hot is not None
+            else {}
+        ),
         "generated": {
             "by": "dlrm-vrgd generate",
             "data": data.model_dump(mode="json"),

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from dlrm_vrgd.data.multihot import BagLayout
 
 
 @dataclass(frozen=True)
 class Rows:
     """``N`` examples: ``dense`` N x F float32 (already transformed), ``sparse`` N x T int64
-    ids, ``labels`` N float32 in {0, 1}, ``probs`` N float32 true click probabilities (synthetic
-    data only)."""
+    ids (multi-hot: N x L, the bags of ``bags`` side by side), ``labels`` N float32 in {0, 1},
+    ``probs`` N float32 true click probabilities (synthetic data only)."""
 
     dense: np.ndarray
     sparse: np.ndarray
     labels: np.ndarray
     probs: np.ndarray | None = None
+    #: multi-hot rows: the fixed bag size of each table (None: one id a table)
+    bags: BagLayout | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -33,6 +38,7 @@ class Rows:
             sparse=self.sparse[start:stop],
             labels=self.labels[start:stop],
             probs=None if self.probs is None else self.probs[start:stop],
+            bags=self.bags,
         )
 
     @staticmethod
@@ -45,6 +51,7 @@ class Rows:
             sparse=np.concatenate([p.sparse for p in parts]),
             labels=np.concatenate([p.labels for p in parts]),
             probs=np.concatenate([p.probs for p in parts]) if has_probs else None,  # type: ignore[misc]
+            bags=parts[0].bags,
         )
 
 

@@ -19,6 +19,15 @@ Splits (``data`` section, :class:`~dlrm_vrgd.config.CriteoData`):
   (torchrec's halving of day 23). ``max_val_rows`` / ``max_test_rows`` keep the first rows only.
 * ``max_rows_per_table``: ids become ``id % cap`` when read (torchrec's ``num_embeddings``).
 
+Multi-hot (``data.multi_hot_sizes``; :mod:`dlrm_vrgd.data.multihot`): a day holds either one-hot
+ids (``day_{i}_sparse.npy``), made multi-hot as they are read by MLPerf DLRMv2's synthesis, or
+MLPerf's materialized ``day_{i}_sparse_multi_hot.npz`` (:mod:`dlrm_vrgd.data.criteo.npz`),
+read as it is. Rows then have ``L = Σ s_k`` ids (``sparse`` N x L). A directory without a
+manifest that holds MLPerf's files (``day_{i}_dense.npy``, ``day_{i}_labels.npy`` and the npz
+or ``day_{i}_sparse.npy`` of each day ``i``) is read as MLPerf's preprocessed set: it records no
+table sizes, so ``data.max_rows_per_table`` (MLPerf's ``num_embeddings_per_feature``) must give
+them.
+
 A split is the concatenation of its day ranges; :meth:`CriteoSource.read` slices the memory
 maps of only the days a range touches. Shuffling (by blocks of ``shuffle_block_rows``) and
 rank sharding come from :class:`~dlrm_vrgd.data.batch.TrainStream`, which reads any
@@ -45,7 +54,8 @@ from dlrm_vrgd.data.criteo.output import (
     MANIFEST_VERSION,
     sha256_file,
 )
-from dlrm_vrgd.data.rows import Rows
+from dlrm_vrgd.data.multihot import BagLayout, MultiHotSource, MultiHotTables
+from dlrm_vrgd.data.rows import Rows, RowSource
 
 logger = logging.getLogger(__name__)
 
@@ -59,17 +69,23 @@ class CriteoDataError(ValueError):
 
 @dataclass(frozen=True)
 class Day:
-    """One day: memory maps ``dense`` N x 13 float32, ``sparse`` N x 26 int64, ``labels`` N x 1
-    int32."""
+    """One day: memory maps ``dense`` N x 13 float32, ``sparse`` N x 26 int64 (None for a
+    multi-hot day), ``labels`` N x 1 int32."""
 
     index: int
     rows: int
     labeled: bool
     dense: np.ndarray
-    sparse: np.ndarray
+    sparse: np.ndarray | None
     labels: np.ndarray
     #: N float32 true click probabilities (generated synthetic days only)
     probs: np.ndarray | None = None
+    #: a multi-hot day: one N x s_k int32 memory map per table (MLPerf's npz members)
+    multi_hot: list[np.ndarray] | None = None
+
+    @property
+    def bag_sizes(self) -> tuple[int, ...] | None:
+        return None if self.multi_hot is None else tuple(m.shape[1] for m in self.multi_hot)
 
 
 class CriteoDays:
@@ -78,26 +94,34 @@ class CriteoDays:
     def __init__(self, path: str | Path, verify_checksums: bool = False) -> None:
         self.path = Path(path)
         manifest_path = self.path / MANIFEST
-        if not manifest_path.is_file():
+        #: MLPerf's preprocessed set (no manifest of ours; see the module docstring)
+        self.mlperf = not manifest_path.is_file() and (self.path / "day_0_labels.npy").is_file()
+        if self.mlperf:
+            self.manifest: dict[str, Any] = mlperf_manifest(self.path)
+        elif not manifest_path.is_file():
             raise CriteoDataError(
                 f"{self.path}: no {MANIFEST}; not the complete output of `dlrm-vrgd preprocess` "
-                "(an interrupted run leaves none)"
+                "(an interrupted run leaves none), nor MLPerf's preprocessed days "
+                "(day_0_labels.npy, ...)"
             )
-        try:
-            self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-        except json.JSONDecodeError as err:
-            raise CriteoDataError(f"{manifest_path}: not valid JSON: {err}") from None
+        else:
+            try:
+                self.manifest = json.loads(manifest_path.read_text())
+            except json.JSONDecodeError as err:
+                raise CriteoDataError(f"{manifest_path}: not valid JSON: {err}") from None
         m = self.manifest
         if m.get("format") != MANIFEST_FORMAT or m.get("version") != MANIFEST_VERSION:
             raise CriteoDataError(
                 f"{manifest_path}: format {m.get('format')!r} version {m.get('version')!r}; "
                 f"expected {MANIFEST_FORMAT!r} version {MANIFEST_VERSION}"
             )
-        self.cardinalities: list[int] = [int(c) for c in m["sparse"]["cardinalities"]]
+        cards = m["sparse"]["cardinalities"]
+        #: rows of each table (None: MLPerf's set, which records none)
+        self.cardinalities: list[int] | None = None if cards is None else [int(c) for c in cards]
         #: widths of a row: Criteo's 13 and 26 (the manifest's, for generated data)
         self.num_dense = _width(m, "num_dense", NUM_INT, manifest_path)
         self.num_sparse = _width(m, "num_sparse", NUM_CAT, manifest_path)
-        if len(self.cardinalities) != self.num_sparse:
+        if self.cardinalities is not None and len(self.cardinalities) != self.num_sparse:
             raise CriteoDataError(
                 f"{manifest_path}: {len(self.cardinalities)} cardinalities for "
                 f"{self.num_sparse} tables"
@@ -106,7 +130,9 @@ class CriteoDays:
 
     def _open_day(self, rec: dict[str, Any], verify: bool) -> Day:
         maps = {}
-        kinds = [*KINDS, *(["probs"] if "probs" in rec["files"] else [])]
+        optional = ("probs", "sparse_multi_hot")
+        kinds = [k for k in KINDS if k != "sparse" or "sparse_multi_hot" not in rec["files"]]
+        kinds += [k for k in optional if k in rec["files"]]
         for kind in kinds:
             spec = rec["files"][kind]
             path = self.path / spec["file"]
@@ -118,6 +144,11 @@ class CriteoDays:
                     f"{path}: {size:,} bytes, the manifest says {spec['bytes']:,} (truncated or "
                     "replaced?)"
                 )
+            if verify and spec.get("sha256") is not None and sha256_file(path) != spec["sha256"]:
+                raise CriteoDataError(f"{path}: SHA-256 differs from the manifest (altered?)")
+            if kind == "sparse_multi_hot":
+                maps[kind] = self._open_multi_hot(path, spec)
+                continue
             try:
                 arr = np.load(path, mmap_mode="r")
             except ValueError as err:
@@ -127,11 +158,17 @@ class CriteoDays:
                     f"{path}: {arr.dtype.str} {list(arr.shape)}, the manifest says "
                     f"{spec['dtype']} {spec['shape']}"
                 )
-            if verify and sha256_file(path) != spec["sha256"]:
-                raise CriteoDataError(f"{path}: SHA-256 differs from the manifest (altered?)")
             maps[kind] = arr
         rows = int(rec["rows"])
+        multi_hot = maps.pop("sparse_multi_hot", None)
         widths = {"dense": self.num_dense, "sparse": self.num_sparse, "labels": 1}
+        if multi_hot is not None:
+            del widths["sparse"]
+            if {m.shape[0] for m in multi_hot} != {rows}:
+                raise CriteoDataError(
+                    f"{self.path / rec['files']['sparse_multi_hot']['file']}: rows "
+                    f"{multi_hot[0].shape[0]}, the day has {rows}"
+                )
         for kind, cols in widths.items():
             if maps[kind].shape != (rows, cols):
                 raise CriteoDataError(
@@ -149,10 +186,67 @@ class CriteoDays:
             rows=rows,
             labeled=bool(rec["labeled"]),
             dense=maps["dense"],
-            sparse=maps["sparse"],
+            sparse=maps.get("sparse"),
             labels=maps["labels"],
             probs=probs,
+            multi_hot=multi_hot,
         )
+
+    def _open_multi_hot(self, path: Path, spec: dict[str, Any]) -> list[np.ndarray]:
+        from dlrm_vrgd.data.criteo.npz import NpzError, open_multi_hot
+
+        try:
+            maps = open_multi_hot(path, self.num_sparse)
+        except NpzError as err:
+            raise CriteoDataError(str(err)) from None
+        sizes = [m.shape[1] for m in maps]
+        if spec.get("sizes") is not None and sizes != spec["sizes"]:
+            raise CriteoDataError(f"{path}: bag sizes {sizes}, the manifest says {spec['sizes']}")
+        return maps
+
+
+def mlperf_manifest(path: Path) -> dict[str, Any]:
+    """A manifest of ours for MLPerf's preprocessed days (``day_{i}_dense.npy``,
+    ``day_{i}_labels.npy`` and ``day_{i}_sparse_multi_hot.npz`` or ``day_{i}_sparse.npy``,
+    days ``0, 1, ..`` while they exist), read from the files: every day labeled, no table
+    sizes, no checksums."""
+    from dlrm_vrgd.data.criteo.npz import multi_hot_file
+
+    days: list[dict[str, Any]] = []
+    widths: dict[str, int] = {}
+    while (path / f"day_{len(days)}_labels.npy").is_file():
+        i = len(days)
+        files: dict[str, Any] = {}
+        names = {"dense": f"day_{i}_dense.npy", "labels": f"day_{i}_labels.npy"}
+        if (path / multi_hot_file(i)).is_file():
+            names["sparse_multi_hot"] = multi_hot_file(i)
+        else:
+            names["sparse"] = f"day_{i}_sparse.npy"
+        for kind, name in names.items():
+            f = path / name
+            if not f.is_file():
+                raise CriteoDataError(f"{f}: missing (MLPerf's day {i} has {sorted(names)})")
+            spec: dict[str, Any] = {"file": name, "bytes": f.stat().st_size, "sha256": None}
+            if kind != "sparse_multi_hot":
+                try:
+                    arr = np.load(f, mmap_mode="r")
+                except ValueError as err:
+                    raise CriteoDataError(f"{f}: not a valid npy file: {err}") from None
+                spec.update(dtype=arr.dtype.str, shape=list(arr.shape))
+                if arr.ndim == 2 and kind in ("dense", "sparse"):
+                    widths.setdefault(f"num_{kind}", arr.shape[1])
+            files[kind] = spec
+        days.append(
+            {"day": i, "rows": files["labels"]["shape"][0], "labeled": True, "files": files}
+        )
+    return {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "num_dense": widths.get("num_dense", NUM_INT),
+        "num_sparse": widths.get("num_sparse", NUM_CAT),
+        "sparse": {"cardinalities": None},
+        "days": days,
+    }
 
 
 def _width(manifest: dict[str, Any], key: str, default: int, path: Path) -> int:
@@ -189,6 +283,17 @@ class CriteoSource:
         used = [self.days[d] for d, _, _ in self.segments]
         #: every day read has true click probabilities (generated data): rows carry them
         self.has_probs = bool(used) and all(d.probs is not None for d in used)
+        bag_sizes = {d.bag_sizes for d in used}
+        if len(bag_sizes) > 1:
+            raise CriteoDataError(
+                f"data: the {name} split mixes days of bag sizes {sorted(map(str, bag_sizes))}"
+            )
+        sizes_of_days = bag_sizes.pop() if bag_sizes else None
+        #: multi-hot days (MLPerf's npz): the bags of a row (None: one id a table)
+        self.bags = None if sizes_of_days is None else BagLayout(sizes_of_days)
+        if self.bags is not None:
+            cols = self.bags.columns
+            self._bag_caps = None if caps is None else np.repeat(caps, np.diff(cols))
         sizes = [stop - start for _, start, stop in self.segments]
         self._offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.num_rows = int(self._offsets[-1])
@@ -201,7 +306,8 @@ class CriteoSource:
             raise IndexError(f"rows [{start}, {stop}) outside the {self.name} split")
         n = stop - start
         dense = np.empty((n, self.num_dense), dtype=np.float32)
-        sparse = np.empty((n, len(self.cardinalities)), dtype=np.int64)
+        width = len(self.cardinalities) if self.bags is None else self.bags.width
+        sparse = np.empty((n, width), dtype=np.int64)
         labels = np.empty(n, dtype=np.float32)
         probs = np.empty(n, dtype=np.float32) if self.has_probs else None
         i = int(np.searchsorted(self._offsets, start, side="right")) - 1
@@ -213,15 +319,21 @@ class CriteoSource:
             take = min(stop, int(self._offsets[i + 1])) - pos
             o = pos - start
             dense[o : o + take] = day.dense[a : a + take]
-            sparse[o : o + take] = day.sparse[a : a + take]
+            if day.multi_hot is not None:
+                cols = self.bags.columns  # type: ignore[union-attr]
+                for k, ids in enumerate(day.multi_hot):
+                    sparse[o : o + take, cols[k] : cols[k + 1]] = ids[a : a + take]
+            else:
+                sparse[o : o + take] = day.sparse[a : a + take]  # type: ignore[index]
             labels[o : o + take] = day.labels[a : a + take, 0]
             if probs is not None:
                 probs[o : o + take] = day.probs[a : a + take]  # type: ignore[index]
             pos += take
             i += 1
         if self.caps is not None:
-            np.remainder(sparse, self.caps, out=sparse)
-        return Rows(dense=dense, sparse=sparse, labels=labels, probs=probs)
+            caps = self.caps if self.bags is None else self._bag_caps
+            np.remainder(sparse, caps, out=sparse)
+        return Rows(dense=dense, sparse=sparse, labels=labels, probs=probs, bags=self.bags)
 
 
 # ---------------------------------------------------------------------------------- splits
@@ -249,6 +361,31 @@ def read_caps(cfg: CriteoData, tables: int = NUM_SPARSE) -> np.ndarray | None:
             f"data.max_rows_per_table: {len(values)} caps, {cfg.path} has {tables} tables"
         )
     return np.asarray(values, dtype=np.int64)
+
+
+def _bag_sizes(cfg: CriteoData, store: CriteoDays, days: list[int]) -> tuple[int, ...] | None:
+    """The bag sizes of the days read: their own (multi-hot days; ``data.multi_hot_sizes``
+    must match), ``data.multi_hot_sizes`` (one-hot days, made multi-hot), or None."""
+    by_index = {d.index: d for d in store.days}
+    found = {by_index[d].bag_sizes for d in days}
+    want = None if cfg.multi_hot_sizes is None else tuple(cfg.multi_hot_sizes)
+    if want is not None and len(want) != store.num_sparse:
+        raise CriteoDataError(
+            f"data.multi_hot_sizes: {len(want)} bag sizes, {cfg.path} has {store.num_sparse} tables"
+        )
+    if found == {None}:
+        return want
+    if None in found:
+        raise CriteoDataError(f"{cfg.path}: the days read mix one-hot and multi-hot ids")
+    if len(found) > 1:
+        raise CriteoDataError(f"{cfg.path}: the days read have different bag sizes")
+    (own,) = found
+    if want is not None and own != want:
+        raise CriteoDataError(
+            f"data.multi_hot_sizes: {list(want)}, but the multi-hot days of {cfg.path} have "
+            f"bags of {list(own)} (leave multi_hot_sizes out to take theirs)"
+        )
+    return own
 
 
 def criteo_splits(cfg: CriteoData) -> DataSplits:
@@ -289,9 +426,27 @@ def criteo_splits(cfg: CriteoData) -> DataSplits:
             raise CriteoDataError(f"data.{name}: days {both} are also train days")
 
     caps = read_caps(cfg, store.num_sparse)
-    cards = list(store.cardinalities)
+    if store.cardinalities is None:  # MLPerf's set: the caps are the table sizes
+        if caps is None or not isinstance(cfg.max_rows_per_table, list):
+            raise CriteoDataError(
+                f"{cfg.path}: MLPerf's preprocessed days record no table sizes; set "
+                f"data.max_rows_per_table to its {store.num_sparse} num_embeddings_per_feature"
+            )
+        cards = [int(k) for k in caps]
+    else:
+        cards = list(store.cardinalities)
     if caps is not None:
         cards = [min(int(c), int(k)) for c, k in zip(cards, caps, strict=True)]
+    bags = _bag_sizes(cfg, store, train_days + val_days + test_days)
+    synthesize = bags is not None and all(
+        by_index[d].multi_hot is None for d in train_days + val_days + test_days
+    )
+    if synthesize:
+        # MLPerf's tables have num_embeddings_per_feature rows (the caps), whatever ids occur
+        if caps is not None:
+            cards = [int(k) for k in caps]
+        assert bags is not None
+        tables = MultiHotTables(cards, bags, cfg.multi_hot_cache)
     big = [(j, c) for j, c in enumerate(cards) if c > MAX_TABLE_ROWS]
     if big:
         j, c = big[0]
@@ -314,7 +469,7 @@ def criteo_splits(cfg: CriteoData) -> DataSplits:
     elif set(val_days) & set(test_days):
         raise CriteoDataError("data.test_days: overlaps val_days without being the same days")
 
-    def source(segs: list[tuple[int, int, int]], limit: int | None, name: str) -> CriteoSource:
+    def source(segs: list[tuple[int, int, int]], limit: int | None, name: str) -> RowSource:
         if limit is not None:
             kept, left = [], limit
             for d, a, b in segs:
@@ -325,7 +480,7 @@ def criteo_splits(cfg: CriteoData) -> DataSplits:
         src = CriteoSource(store.days, segs, cards, cfg.shuffle_block_rows, caps, name)
         if src.num_rows == 0:
             raise CriteoDataError(f"data: the {name} split of {cfg.path} is empty")
-        return src
+        return MultiHotSource(src, tables) if synthesize else src
 
     splits = DataSplits(
         train=source(segments(train_days), None, "train"),

@@ -17,6 +17,7 @@ import torch
 
 from dlrm_vrgd.config import TrainConfig
 from dlrm_vrgd.data.batch import TrainStream
+from dlrm_vrgd.data.multihot import bags_of
 from dlrm_vrgd.data.pipeline.core import InputPipeline
 from dlrm_vrgd.data.pipeline.plan import (
     InputPlan,
@@ -61,7 +62,7 @@ def trainer_pipeline(
     if plan.builder != "serial":
         source.read(0, 1)  # lazy state (the synthetic teacher, memory maps) made once, here
     logger.info("input: %s (%s data on %s)", plan.describe(), cfg.data.source, device)
-    layout = Layout(run.micro_batch, source.num_dense, len(source.cardinalities))
+    layout = Layout(run.micro_batch, source.num_dense, len(source.cardinalities), bags_of(source))
 
     def schedule(key: Key) -> Iterator[Key]:
         return rank_keys(key, rank, accumulation, total_steps)

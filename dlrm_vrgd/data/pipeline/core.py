@@ -171,7 +171,7 @@ class InputPipeline:
     def _hand_over(self, staged: Staged | _Host) -> Batch:
         if isinstance(staged, _Host):
             h = staged.host
-            return Batch(h.dense, h.sparse, h.labels, h.probs)
+            return Batch(h.dense, h.sparse, h.labels, h.probs, h.bags)
         assert self._stager is not None
         return self._stager.hand_over(staged)
 

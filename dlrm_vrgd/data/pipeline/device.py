@@ -71,7 +71,7 @@ class CudaStager:
                 sparse = sparse.to(torch.int64)
             event = torch.cuda.Event()
             event.record(self.stream)
-        return Staged(key, Batch(dense, sparse, labels), event, host.slot)
+        return Staged(key, Batch(dense, sparse, labels, bags=host.bags), event, host.slot)
 
     def hand_over(self, staged: Staged) -> Batch:
         compute = torch.cuda.current_stream(self.device)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dlrm_vrgd.data.multihot import BagLayout
 from dlrm_vrgd.data.rows import Rows
 
 INT32_MAX = 2**31 - 1
@@ -23,28 +24,36 @@ _PAGE = mmap.PAGESIZE
 @dataclass(frozen=True)
 class Layout:
     """One micro-batch: ``rows`` (B) rows of ``num_dense`` (F) floats and ``num_tables`` (T)
-    ids, and a label."""
+    ids, and a label; multi-hot (``bags``): ``width`` (L) ids a row, the bags side by side."""
 
     rows: int
     num_dense: int
     num_tables: int
+    bags: BagLayout | None = None
+
+    @property
+    def width(self) -> int:
+        """Ids a row: ``T``, or ``L`` for multi-hot rows."""
+        return self.num_tables if self.bags is None else self.bags.width
 
     def nbytes(self, id_bytes: int = 4) -> int:
         """Bytes of one micro-batch with ``id_bytes`` per id."""
-        return self.rows * (4 * self.num_dense + id_bytes * self.num_tables + 4)
+        return self.rows * (4 * self.num_dense + id_bytes * self.width + 4)
 
 
 @dataclass
 class HostBatch:
-    """A built micro-batch on the host: ``dense`` B x F float32, ``sparse`` B x T int64 (its
-    own memory) or int32 (a pinned slot, for the GPU), ``labels`` B float32, ``probs`` B
-    float32 or None; ``slot``: the pinned slot it lives in, None when it owns its memory."""
+    """A built micro-batch on the host: ``dense`` B x F float32, ``sparse`` B x T (multi-hot:
+    B x L) int64 (its own memory) or int32 (a pinned slot, for the GPU), ``labels`` B float32,
+    ``probs`` B float32 or None; ``slot``: the pinned slot it lives in, None when it owns its
+    memory; ``bags``: the static bag sizes of multi-hot ids (None: one-hot)."""
 
     dense: torch.Tensor
     sparse: torch.Tensor
     labels: torch.Tensor
     probs: torch.Tensor | None = None
     slot: int | None = None
+    bags: BagLayout | None = None
 
     @staticmethod
     def own(rows: Rows) -> HostBatch:
@@ -54,6 +63,7 @@ class HostBatch:
             sparse=torch.from_numpy(np.ascontiguousarray(rows.sparse, dtype=np.int64)),
             labels=torch.from_numpy(np.ascontiguousarray(rows.labels, dtype=np.float32)),
             probs=None if rows.probs is None else torch.from_numpy(rows.probs),
+            bags=rows.bags,
         )
 
 
@@ -89,13 +99,14 @@ class PinnedSlots:
     int32."""
 
     def __init__(self, layout: Layout, count: int, pin: bool = True) -> None:
-        b, f, t = layout.rows, layout.num_dense, layout.num_tables
+        b, f, t = layout.rows, layout.num_dense, layout.width
         self.batches = [
             HostBatch(
                 dense=torch.empty((b, f), dtype=torch.float32, pin_memory=pin),
                 sparse=torch.empty((b, t), dtype=torch.int32, pin_memory=pin),
                 labels=torch.empty(b, dtype=torch.float32, pin_memory=pin),
                 slot=i,
+                bags=layout.bags,
             )
             for i in range(count)
         ]
@@ -122,7 +133,8 @@ class SharedSlots:
     back. Ids are int32. Nothing is named in ``/dev/shm``, so a killed run leaves nothing."""
 
     def __init__(self, layout: Layout, count: int) -> None:
-        b, f, t = layout.rows, layout.num_dense, layout.num_tables
+        b, f, t = layout.rows, layout.num_dense, layout.width
+        self.bags = layout.bags
         parts = [((b, f), np.float32), ((b, t), np.int32), ((b,), np.float32)]
         sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in parts]
         stride = -(-sum(sizes) // _PAGE) * _PAGE
@@ -153,6 +165,7 @@ class SharedSlots:
             dense=torch.from_numpy(dense.copy()),
             sparse=torch.from_numpy(sparse.astype(np.int64)),
             labels=torch.from_numpy(labels.copy()),
+            bags=self.bags,
         )
 
     def close(self) -> None:
