@@ -206,6 +206,12 @@ class CriteoData(_Section):
     source: Literal["criteo"] = "criteo"
     #: The directory `dlrm-vrgd preprocess --out` wrote (relative paths: from the working dir).
     path: Annotated[Path, Field(json_schema_extra={"maxLength": MAX_PATH_CHARS})]
+    #: `days`: the splits the day fields below name. `mlperf`: MLPerf DLRMv2's, whatever the
+    #: manifest's splits: train on every labeled day but the last, and halve the last (day 23
+    #: of Criteo 1TB): its first ⌈N/2⌉ rows validate, the other ⌊N/2⌋ test. It takes no
+    #: train_days / val_days / test_days / val_fraction, and `max_val_rows` defaults to None
+    #: (the whole half, as MLPerf evaluates).
+    split: Annotated[Literal["days", "mlperf"], ADDED_LATER] = "days"
     #: Days to train on (None: every labeled day but the last).
     train_days: list[Count(0, MAX_DAYS)] | None = Field(
         default=None, min_length=1, max_length=MAX_DAYS
@@ -258,8 +264,24 @@ class CriteoData(_Section):
                 )
         return path
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mlperf_eval_rows(cls, raw: Any) -> Any:
+        """``split: mlperf`` validates on the whole half: ``max_val_rows`` None unless given."""
+        if isinstance(raw, dict) and raw.get("split") == "mlperf" and "max_val_rows" not in raw:
+            return {**raw, "max_val_rows": None}
+        return raw
+
     @model_validator(mode="after")
     def _check_days(self) -> CriteoData:
+        if self.split == "mlperf":
+            given = [n for n in ("train_days", "val_days", "test_days") if getattr(self, n)]
+            given += ["val_fraction"] if self.val_fraction != 0.5 else []
+            if given:
+                raise ValueError(
+                    f"data.split mlperf trains on every labeled day but the last and halves "
+                    f"the last for val and test: it takes no data.{', data.'.join(given)}"
+                )
         for name in ("train_days", "val_days", "test_days"):
             days = getattr(self, name)
             if days is not None and len(set(days)) != len(days):
@@ -552,8 +574,18 @@ class RunConfig(_Section):
     steps: Count(1, MAX_STEPS) | None = None
     #: Training length in passes over the training rows (fractions allowed); see `steps`.
     epochs: Real(gt=0.0, le=MAX_EPOCHS) | None = None
-    #: Evaluate on the validation rows every N steps (0: only at the end).
+    #: Evaluate on the validation rows every N steps (0: only at the end). Or give
+    #: `evals_per_epoch`, not both.
     eval_every: Steps = 100
+    #: Evaluate this many times an epoch instead of every `eval_every` steps (MLPerf DLRMv2:
+    #: 20): every ⌊train rows / (global_batch × evals_per_epoch)⌋ steps (at least 1), MLPerf's
+    #: reference rounding, so every eval falls at a fixed count of rows. Setting it leaves
+    #: `eval_every` at 0; a config that sets both (eval_every not 0) is refused.
+    evals_per_epoch: Annotated[Count(1, 1_000_000) | None, ADDED_LATER] = None
+    #: Stop at the first validation evaluation (periodic, or the final one) whose AUC reaches
+    #: this (MLPerf DLRMv2: 0.80275); its step is checkpointed and result.json's ``target``
+    #: records the rows, epochs and time it took. Never reached: the run goes to its end.
+    target_auc: Annotated[Real(gt=0.0, le=1.0) | None, ADDED_LATER] = None
     #: Rows per forward pass of an evaluation.
     eval_batch: Count(1, MAX_MICRO_BATCH) = 16_384
     #: Rows of the validation split used by periodic evals (None: all of it).
@@ -574,8 +606,8 @@ class RunConfig(_Section):
     #: or not periodic checkpoints are on.
     keep_best_checkpoint: bool = True
     #: Stop after this many periodic evaluations without a better validation AUC (None: off;
-    #: needs ``eval_every``). The schedule keeps its planned length; the final evals score the
-    #: last weights, and the best ones stay in the best checkpoint.
+    #: needs ``eval_every`` or ``evals_per_epoch``). The schedule keeps its planned length; the
+    #: final evals score the last weights, and the best ones stay in the best checkpoint.
     early_stop_patience: Count(1, 1_000_000) | None = None
     #: Write a `kind: train` record to metrics.jsonl every N steps (and at step 1).
     log_every: Count(1, MAX_STEPS) = 1
@@ -628,6 +660,23 @@ class RunConfig(_Section):
     #: Also export params, metrics and artifacts to MLflow (None: off).
     mlflow: Annotated[MlflowConfig | None, OPERATIONAL] = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_eval_cadence(cls, raw: Any) -> Any:
+        """``evals_per_epoch`` given without ``eval_every``: no step cadence (eval_every 0);
+        both given (eval_every not 0): refused, naming both."""
+        if not isinstance(raw, dict) or raw.get("evals_per_epoch") is None:
+            return raw
+        if "eval_every" not in raw:
+            return {**raw, "eval_every": 0}
+        if raw["eval_every"] not in (0, None):
+            raise ValueError(
+                f"run.eval_every ({raw['eval_every']!r}) and run.evals_per_epoch "
+                f"({raw['evals_per_epoch']!r}) are both set: evaluate every N steps or N times "
+                "an epoch, not both (leave eval_every out or set it to 0)"
+            )
+        return raw
+
     @model_validator(mode="after")
     def _check_batch(self) -> RunConfig:
         if self.steps is not None and self.epochs is not None:
@@ -644,8 +693,11 @@ class RunConfig(_Section):
                 f"global_batch / world size ({per_rank}) must be a multiple of "
                 f"micro_batch ({self.micro_batch})"
             )
-        if self.early_stop_patience is not None and not self.eval_every:
-            raise ValueError("run.early_stop_patience needs periodic evaluations: set eval_every")
+        if self.early_stop_patience is not None and not (self.eval_every or self.evals_per_epoch):
+            raise ValueError(
+                "run.early_stop_patience needs periodic evaluations: set eval_every or "
+                "evals_per_epoch"
+            )
         if "data_parallel" in self.sharding:
             raise ValueError(
                 "sharding: data_parallel tables would be trained by the dense optimizer, "
@@ -656,6 +708,15 @@ class RunConfig(_Section):
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    def eval_interval(self, train_rows: int) -> int:
+        """Steps between periodic evaluations (0: none) over ``train_rows`` training rows:
+        ``eval_every``, or with ``evals_per_epoch`` ⌊train_rows / (global_batch ×
+        evals_per_epoch)⌋, at least 1 (MLPerf's reference: ``validation_freq_within_epoch =
+        TOTAL_TRAINING_SAMPLES // (GLOBAL_BATCH_SIZE * 20)``)."""
+        if self.evals_per_epoch is None:
+            return self.eval_every
+        return max(1, train_rows // (self.global_batch * self.evals_per_epoch))
 
     @property
     def accumulation_steps(self) -> int:
@@ -738,7 +799,12 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> TrainConfig:
 
 #: Keys of which a config holds one at most: an override of one replaces the other where it
 #: came from the file (``--set run.steps=30`` on a config with ``epochs``).
-EXCLUSIVE = {"run.steps": "run.epochs", "run.epochs": "run.steps"}
+EXCLUSIVE = {
+    "run.steps": "run.epochs",
+    "run.epochs": "run.steps",
+    "run.eval_every": "run.evals_per_epoch",
+    "run.evals_per_epoch": "run.eval_every",
+}
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -25,6 +25,8 @@ RESUMABLE_CHANGES = {
     "run.steps",
     "run.epochs",
     "run.eval_every",
+    "run.evals_per_epoch",
+    "run.target_auc",
     "run.checkpoint_every",
     "run.keep_checkpoints",
     "run.log_every",
@@ -102,15 +104,21 @@ def check_resume(
 
 
 def finished_run(out: Path, total_steps: int) -> dict[str, Any] | None:
-    """The result.json of a run in ``out`` that already trained all ``total_steps``, else None
-    (no result, an unreadable one, or fewer steps: e.g. ``run.steps`` was raised)."""
+    """The result.json of a run in ``out`` that already trained all ``total_steps`` or was
+    stopped early or at its target AUC, else None (no result, an unreadable one, or fewer
+    steps: e.g. ``run.steps`` was raised)."""
     try:
         result = json.loads((out / rundir.RESULT).read_text())
     except (FileNotFoundError, ValueError):
         return None
     if not isinstance(result, dict) or not isinstance(result.get("steps"), int):
         return None
-    done = result["steps"] >= total_steps or isinstance(result.get("stopped_early"), dict)
+    target = result.get("target")
+    done = (
+        result["steps"] >= total_steps
+        or isinstance(result.get("stopped_early"), dict)
+        or (isinstance(target, dict) and target.get("reached") is True)
+    )
     return result if done else None
 
 

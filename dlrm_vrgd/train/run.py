@@ -2,7 +2,8 @@
 step after step and keeps the run directory (:mod:`dlrm_vrgd.rundir`) up to date.
 
 Around the steps it decides what :class:`~dlrm_vrgd.train.loop.Trainer` does not: where a run
-resumes (:mod:`dlrm_vrgd.train.resume`), when to evaluate, checkpoint and stop early, what to
+resumes (:mod:`dlrm_vrgd.train.resume`), when to evaluate (every ``run.eval_every`` steps or
+``run.evals_per_epoch`` times an epoch), checkpoint, stop early or at ``run.target_auc``, what to
 do on Ctrl-C or SIGTERM (checkpoint the step every rank stopped after), and what a finished run
 leaves behind (final evals, the last and best checkpoints, ``result.json``, ``status.json`` when
 it did not finish). :class:`Callback` is the live view of it (the CLI's progress line, the
@@ -76,6 +77,11 @@ class RunResult:
     #: The share of their time the steps after the first (which also starts the input) waited
     #: for input; None with fewer than two steps.
     input_wait_share: float | None = None
+    #: With ``run.target_auc``: whether it was reached and the step, rows, epochs and seconds
+    #: it took (:func:`_target_record`); None without a target.
+    target: dict[str, Any] | None = None
+    #: Wall clock from the first step of this process to the end of the final evals.
+    wall_seconds: float = 0.0
 
     @property
     def rows_per_second(self) -> float:
@@ -98,6 +104,8 @@ def stored_result(result: dict[str, Any], out: Path) -> RunResult:
         train=result.get("train"),
         already_finished=True,
         stopped_early=result.get("stopped_early"),
+        target=result.get("target"),
+        wall_seconds=float(timings.get("wall_seconds") or 0.0),
     )
 
 
@@ -173,6 +181,8 @@ def train(
     sink = run_sinks(cfg, out, latest is not None) if writing and out is not None else None
     callbacks = callbacks if main else ()
     run = cfg.run
+    # steps between periodic evals: run.eval_every, or the epoch's steps / run.evals_per_epoch
+    every = run.eval_interval(trainer.splits.train.num_rows)
     info = {
         "total_steps": trainer.total_steps,
         "start_step": trainer.step,
@@ -181,6 +191,8 @@ def train(
         "accumulation": trainer.A,
         "world_size": env.world_size,
         "train_rows": trainer.splits.train.num_rows,
+        "eval_every": every,
+        "target_auc": run.target_auc,
     }
     if sink:
         sink.start({"kind": "start", "step": trainer.step, **info})
@@ -205,6 +217,10 @@ def train(
     checkpointing = bool(out) and (periodic or final_checkpoints)
     saved_step, saved_at = trainer.step, time.monotonic()
     stopped_early: dict[str, Any] | None = None
+    target: dict[str, Any] | None = None  # the target's record once reached
+    val_evals = 0  # validation evals checked against the target
+    from_step = trainer.step  # this process's first step (after a resume: the checkpoint's)
+    started = time.perf_counter()  # MLPerf's time to train counts from here, evals included
     # an interrupt outside a step leaves every tensor at a step's end: it may be checkpointed
     # (with several ranks, only the stop they agreed on: every rank is then past the same step)
     in_step = agreed = False
@@ -229,10 +245,13 @@ def train(
                 cb.on_step(record)
             last = trainer.step == trainer.total_steps
             new_best = False
-            if run.eval_every and trainer.step % run.eval_every == 0 and not last:
+            if every and trainer.step % every == 0 and not last:
                 t0 = time.perf_counter()
                 ev = _eval_record(trainer, "val", run.eval_rows)
                 eval_s += time.perf_counter() - t0
+                val_evals += 1
+                clock = (from_step, train_s, eval_s, started)
+                target = _target_record(trainer, ev, clock, val_evals)
                 new_best = trainer.best_val is not None and trainer.best_val["step"] == trainer.step
                 if sink:
                     written = stamped(ev)  # its wall_time is its PR curve's too
@@ -240,7 +259,7 @@ def train(
                     _eval_details(sink, trainer, [written])
                 for cb in callbacks:
                     cb.on_eval(ev)
-                stopped_early = _early_stop(trainer)
+                stopped_early = None if target is not None else _early_stop(trainer, every)
             if checkpointing and _checkpoint_due(trainer, saved_at, new_best):
                 assert out is not None
                 trainer.save_checkpoint(out)
@@ -248,6 +267,17 @@ def train(
             if (sig := trainer.stop_agreed if env.distributed else stop.requested()) is not None:
                 agreed = True
                 raise KeyboardInterrupt(sig)  # every rank, after this same step
+            if target is not None:
+                logger.info(
+                    "target reached at step %d: validation AUC %.5f >= %g after %.4g epochs",
+                    trainer.step,
+                    target["val_auc"],
+                    target["target_auc"],
+                    target["epochs"],
+                )
+                if sink:
+                    sink.metrics({"kind": "target_reached", **target})
+                break
             if stopped_early is not None:
                 logger.info(
                     "early stop at step %d: no better validation AUC in %d evaluations since "
@@ -264,11 +294,17 @@ def train(
         trainer.check_finite(trainer.step)  # no result from non-finite weights
         t0 = time.perf_counter()
         val = _eval_record(trainer, "val", None)
+        at_end = target is None and run.target_auc is not None  # the last eval may reach it
+        if at_end:
+            val_evals += 1
+            done_s = eval_s + time.perf_counter() - t0
+            target = _target_record(trainer, val, (from_step, train_s, done_s, started), val_evals)
         test = _eval_record(trainer, "test", None)
         finals = [val, test]
         if run.final_train_eval_rows:
             finals.append(_eval_record(trainer, "train", run.final_train_eval_rows))
         eval_s += time.perf_counter() - t0
+        wall_s = time.perf_counter() - started
         written_finals = [stamped(ev) for ev in finals]
         for ev, written in zip(finals, written_finals, strict=True):
             if sink:
@@ -277,6 +313,8 @@ def train(
                 cb.on_eval(ev)
         if sink:
             _eval_details(sink, trainer, written_finals)
+            if at_end and target is not None:  # after the eval that reached it, as above
+                sink.metrics({"kind": "target_reached", **target})
         last_due = periodic or final_checkpoints or export_to is not None
         if out and last_due and saved_step != trainer.step:
             trainer.save_checkpoint(out)
@@ -321,6 +359,8 @@ def train(
         stopped_early=stopped_early,
         input_wait_seconds=wait_s,
         input_wait_share=steady_wait_s / steady_s if steady_s > 0 else None,
+        target=target if target is not None else _target_missed(trainer, from_step, val_evals),
+        wall_seconds=wall_s,
     )
     if sink:
         assert out is not None
@@ -353,6 +393,7 @@ def _write_result(
     """Write ``result.json`` (``extra``: the trackers' fields, e.g. the MLflow run id); returns
     it as readers see it (non-finite floats as null)."""
     sparse = cfg.optim.sparse
+    rows_per_s = trained / result.train_seconds if result.train_seconds > 0 else None
     rundir.atomic_write_json(
         out / rundir.RESULT,
         {
@@ -364,12 +405,19 @@ def _write_result(
             "train": result.train,
             "best_val": result.best_val,
             "stopped_early": result.stopped_early,
+            "target": result.target,
             "timings": {
                 "train_seconds": result.train_seconds,
                 "eval_seconds": result.eval_seconds,
                 "input_wait_seconds": result.input_wait_seconds,
                 "input_wait_share": result.input_wait_share,
-                "rows_per_s": trained / result.train_seconds if result.train_seconds > 0 else None,
+                "rows_per_s": rows_per_s,
+                # MLPerf's throughput figure: samples/s per GPU (per process on the CPU)
+                "rows_per_s_per_rank": (
+                    rows_per_s / env.world_size if rows_per_s is not None else None
+                ),
+                # from the first step to the end of the final evals (MLPerf counts evals too)
+                "wall_seconds": result.wall_seconds,
             },
             "world_size": env.world_size,
             "optimizers": {
@@ -429,11 +477,11 @@ def _checkpoint_due(trainer: Trainer, saved_at: float, new_best: bool) -> bool:
     return False
 
 
-def _early_stop(trainer: Trainer) -> dict[str, Any] | None:
-    """The early-stop record when ``run.early_stop_patience`` periodic evaluations in a row
-    found no better validation AUC than the best (counted from the best's step, so a resumed
-    run counts the same), else None."""
-    patience, every = trainer.cfg.run.early_stop_patience, trainer.cfg.run.eval_every
+def _early_stop(trainer: Trainer, every: int) -> dict[str, Any] | None:
+    """The early-stop record when ``run.early_stop_patience`` periodic evaluations (``every``
+    steps apart) in a row found no better validation AUC than the best (counted from the
+    best's step, so a resumed run counts the same), else None."""
+    patience = trainer.cfg.run.early_stop_patience
     best = trainer.best_val
     if patience is None or best is None or trainer.step - best["step"] < patience * every:
         return None
@@ -442,6 +490,57 @@ def _early_stop(trainer: Trainer) -> dict[str, Any] | None:
         "best_step": best["step"],
         "best_val_auc": best["auc"],
         "patience": patience,
+    }
+
+
+def _target_record(
+    trainer: Trainer,
+    ev: dict[str, Any],
+    clock: tuple[int, float, float, float],
+    evals: int,
+) -> dict[str, Any] | None:
+    """The record of ``run.target_auc`` reached by the validation eval ``ev`` (None: no target,
+    or ``ev``'s AUC is below it or not a number). Its figures are MLPerf's: the rows and
+    epochs trained up to the eval; ``train_seconds``, the steps' time; ``eval_seconds``, the
+    evals' time, this one included; ``wall_seconds``, the wall clock from this process's
+    first step to the end of this eval (MLPerf's time to train: evals included, start-up not).
+    The seconds are this process's (``clock``: its first step, its steps' and evals' seconds
+    so far, its ``perf_counter`` at the first step): a resumed run counts from ``from_step``;
+    ``evals``: the validation evals checked, this one included."""
+    from_step, train_s, eval_s, started = clock
+    target = trainer.cfg.run.target_auc
+    auc = ev.get("auc")
+    if target is None or not isinstance(auc, float) or not auc >= target:
+        return None
+    return {
+        "target_auc": target,
+        "reached": True,
+        "step": trainer.step,
+        "samples": ev["samples"],
+        "epochs": round(trainer.stream.epoch(trainer.step), 6),
+        "val_auc": auc,
+        "evals": evals,
+        "train_seconds": train_s,
+        "eval_seconds": eval_s,
+        "wall_seconds": time.perf_counter() - started,
+        "from_step": from_step,
+    }
+
+
+def _target_missed(trainer: Trainer, from_step: int, evals: int) -> dict[str, Any] | None:
+    """The ``target`` of result.json when ``run.target_auc`` was never reached (None: no
+    target)."""
+    target = trainer.cfg.run.target_auc
+    if target is None:
+        return None
+    empty = ("step", "samples", "epochs", "val_auc", "train_seconds", "eval_seconds")
+    return {
+        "target_auc": target,
+        "reached": False,
+        **dict.fromkeys(empty),
+        "evals": evals,
+        "wall_seconds": None,
+        "from_step": from_step,
     }
 
 

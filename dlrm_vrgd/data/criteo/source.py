@@ -17,6 +17,10 @@ Splits (``data`` section, :class:`~dlrm_vrgd.config.CriteoData`):
 * ``val_days`` / ``test_days``: default the last labeled day. Where val and test are the same
   days, their rows are divided: the first ``val_fraction`` go to val, the rest to test
   (torchrec's halving of day 23). ``max_val_rows`` / ``max_test_rows`` keep the first rows only.
+* ``split: mlperf``: MLPerf DLRMv2's split, whatever the manifest says: train on every labeled
+  day but the last; the last is halved, its first ``ceil(N / 2)`` rows validate and the other
+  ``floor(N / 2)`` test (``data/multi_hot_criteo.py`` of mlcommons/training's
+  ``recommendation_v2``: ``second_half_start_index = len_d0 // 2 + len_d0 % 2``).
 * ``max_rows_per_table``: ids become ``id % cap`` when read (torchrec's ``num_embeddings``).
 
 Multi-hot (``data.multi_hot_sizes``; :mod:`dlrm_vrgd.data.multihot`): a day holds either one-hot
@@ -403,6 +407,8 @@ def criteo_splits(cfg: CriteoData) -> DataSplits:
         if k.endswith("_days")
     ):
         raise CriteoDataError(f"{cfg.path}: the manifest's splits are not lists of day numbers")
+    if cfg.split == "mlperf":  # MLPerf DLRMv2's: the manifest's splits do not apply
+        made = {}
     defaults = {
         "train_days": made.get("train_days", labeled[:-1]),
         "val_days": made.get("val_days", [last]),
@@ -463,7 +469,8 @@ def criteo_splits(cfg: CriteoData) -> DataSplits:
         val_segs, test_segs = [], []
         for d in val_days:
             n = by_index[d].rows
-            cut = int(n * cfg.val_fraction)
+            # MLPerf's reader: val is the first ceil(n / 2) rows (len_d0 // 2 + len_d0 % 2)
+            cut = (n + 1) // 2 if cfg.split == "mlperf" else int(n * cfg.val_fraction)
             val_segs.append((d, 0, cut))
             test_segs.append((d, cut, n))
     elif set(val_days) & set(test_days):

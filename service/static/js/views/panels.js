@@ -181,7 +181,15 @@ export function resultTab(jobId) {
       // the run's average over its training steps (the list and the tile show the last step's)
       if (isNum(timings.rows_per_s)) facts.push(["rows/s (run average)", Math.round(timings.rows_per_s).toLocaleString("en-US")]);
       if (isNum(timings.train_seconds)) facts.push(["train time", `${timings.train_seconds.toFixed(1)} s`]);
+      if (isNum(timings.rows_per_s_per_rank) && isNum(result.world_size) && result.world_size > 1) facts.push(["rows/s per rank", Math.round(timings.rows_per_s_per_rank).toLocaleString("en-US")]);
       if (result.best_val && isNum(result.best_val.auc)) facts.push(["best val AUC", `${fmt(result.best_val.auc)} at step ${result.best_val.step}`]);
+      // run.target_auc: MLPerf's time to train is the wall clock to the eval that reached it
+      const target = result.target;
+      if (target && isNum(target.target_auc)) {
+        facts.push(["target AUC", target.reached && isNum(target.wall_seconds)
+          ? `${fmt(target.target_auc)} reached at step ${target.step} (${fmt(target.epochs, 3)} epochs): ${target.wall_seconds.toFixed(1)} s wall clock, ${fmt(target.train_seconds, 1)} s training`
+          : `${fmt(target.target_auc)} not reached`]);
+      }
       const opt = result.optimizers || {};
       if (opt.dense) facts.push(["optimizers", `dense ${opt.dense}, tables ${opt.sparse ?? "?"}${opt.sparse_gsnr_estimator ? ` (${opt.sparse_gsnr_estimator} estimator, ${opt.sparse_gsnr_placement ?? "gradient"} placement)` : ""}`]);
       fill(
