@@ -40,7 +40,7 @@ EVAL_CACHE_ROWS = 250_000
 #: group sum and one for the sum of squares of the VR variants).
 DENSE_STATE = {
     "sgd": 1, "adam": 2, "adamw": 2, "adagrad": 1, "lars": 1, "lamb": 2,
-    "vrsgd": 1, "vradam": 3, "vrlars": 1, "vrlamb": 3,
+    "vrsgd": 1, "vradam": 3, "vrlars": 1, "vrlamb": 3, "vradagrad": 1,
 }  # fmt: skip
 #: A part counts as driving the estimate when it is at least this share of the total.
 DRIVER_SHARE = 0.25

@@ -24,7 +24,14 @@ from service.client import ApiError, ServiceClient
 from service.launcher import LaunchError, LocalService
 
 #: The VRGD counterpart of each optimizer (DESIGN.md 4.2, 4.3).
-VR_DENSE = {"sgd": "vrsgd", "adam": "vradam", "adamw": "vradam"}
+VR_DENSE = {
+    "sgd": "vrsgd",
+    "adam": "vradam",
+    "adamw": "vradam",
+    "lars": "vrlars",
+    "lamb": "vrlamb",
+    "adagrad": "vradagrad",
+}
 VR_SPARSE = {"rowwise_adagrad": "gsnr_rowwise_adagrad", "sgd": "gsnr_sgd"}
 
 

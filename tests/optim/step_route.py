@@ -33,7 +33,13 @@ from .syncs import SyncCounter
 ROWS, DIM, MICRO, DENSE_IN = 2_000, 8, 64, 13
 
 #: Plain dense optimizer of each VR one (lars / lamb are their VR classes with γ = 1).
-PLAIN_OF = {"vrsgd": "sgd", "vradam": "adamw", "vrlars": "lars", "vrlamb": "lamb"}
+PLAIN_OF = {
+    "vrsgd": "sgd",
+    "vradam": "adamw",
+    "vrlars": "lars",
+    "vrlamb": "lamb",
+    "vradagrad": "adagrad",
+}
 
 
 @dataclass

@@ -82,7 +82,7 @@ def test_step_syncs_do_not_grow_with_micro_batches(vr: bool) -> None:
 
 
 @pytest.mark.parametrize("vr", ROUTES)
-@pytest.mark.parametrize("dense", ["vrsgd", "vradam", "vrlars", "vrlamb"])
+@pytest.mark.parametrize("dense", ["vrsgd", "vradam", "vrlars", "vrlamb", "vradagrad"])
 def test_step_syncs_do_not_grow_with_dense_tensors(dense: str, vr: bool) -> None:
     """3 hidden layers instead of 1: 4 more dense tensors, each with its own statistics and
     update (VRLARS / VRLAMB: a trust ratio each)."""

@@ -160,7 +160,7 @@ export class GsnrPanel {
       gamma: denseGamma,
       note: denseVr
         ? "No per-tensor GSNR yet."
-        : `${none}The dense optimizer (${dense.name ?? "?"}) is not a VR-* optimizer (vrsgd, vradam, vrlars, vrlamb): it measures no GSNR.`,
+        : `${none}The dense optimizer (${dense.name ?? "?"}) is not a VR-* optimizer (vrsgd, vradam, vrlars, vrlamb, vradagrad): it measures no GSNR.`,
     });
     const note = adamNote(dense);
     if (note) this.dense.details.insertBefore(h("p", { class: "muted small", id: "gsnr-adam-note" }, note), this.dense.grid);
