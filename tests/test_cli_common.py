@@ -94,3 +94,19 @@ def test_the_input_wait_warning_reads_the_share_after_the_first_step() -> None:
     assert said.startswith("the steps waited for their input 10% of their time")
     (said,) = warnings(0.254)
     assert "25% of their time" in said
+
+
+def test_the_printed_result_says_where_the_target_was_reached(capsys) -> None:
+    from dlrm_vrgd.cli.common import print_result
+    from dlrm_vrgd.train.run import RunResult
+
+    figures = {"auc": 0.8, "logloss": 0.45, "ne": 0.9}
+    reached = {"target_auc": 0.8, "reached": True, "step": 40, "samples": 40 * 4096,
+               "epochs": 0.25, "wall_seconds": 12.34, "evals": 4}  # fmt: skip
+    run = RunResult(40, 40 * 4096, [0.5], figures, figures, None, 10.0, 2.0, target=reached)
+    print_result(run)
+    said = capsys.readouterr().out
+    assert "target AUC 0.8 reached at step 40 (163,840 rows, 0.25 epochs, 12.3 s wall" in said
+    missed = {"target_auc": 0.81, "reached": False, "evals": 7}
+    print_result(RunResult(40, 1, [0.5], figures, figures, None, 10.0, 2.0, target=missed))
+    assert "target AUC 0.81 not reached in 7 evals" in capsys.readouterr().out

@@ -144,6 +144,15 @@ def print_result(result: Any) -> None:
             gap = m["oracle_auc"] - m["auc"]
             line += f"   oracle AUC {m['oracle_auc']:.4f} (gap {gap:+.4f})"
         print(line)
+    target = getattr(result, "target", None)
+    if target and target.get("reached"):
+        print(
+            f"  target AUC {target['target_auc']:g} reached at step {target['step']} "
+            f"({target['samples']:,} rows, {target['epochs']:.4g} epochs, "
+            f"{target['wall_seconds']:.1f} s wall with evals)"
+        )
+    elif target:
+        print(f"  target AUC {target['target_auc']:g} not reached in {target['evals']} evals")
     if result.out_dir is not None:
         print(f"run directory: {result.out_dir}")
     for warning in result_warnings(result):

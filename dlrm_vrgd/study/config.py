@@ -351,6 +351,7 @@ class StudyConfig(_Section):
             },
         }
         run = raw.setdefault("run", {})
+        run.pop("evals_per_epoch", None)  # the study sets the cadence: evals_per_run a cell
         run.update(
             global_batch=cell.global_batch,
             micro_batch=self.micro_batch(cell.global_batch, cell.groups),

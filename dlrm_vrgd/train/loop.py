@@ -182,7 +182,7 @@ class Trainer:
         if isinstance(self.dense_opt, GroupGSNROptimizer):
             self.dense_opt.measure_steps = measure
             # an eval follows this step: TensorBoard's histograms show its GSNR ratios
-            every = self.cfg.run.eval_every
+            every = self.cfg.run.eval_interval(self.splits.train.num_rows)
             evals = (every and (step + 1) % every == 0) or step + 1 == self.total_steps
             self.dense_opt.keep_ratios = self.cfg.run.tensorboard and bool(evals)
         t0 = time.perf_counter()

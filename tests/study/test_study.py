@@ -584,3 +584,12 @@ def test_a_study_without_k_writes_no_k_plot_and_drops_an_empty_one(tmp_path: Pat
     write_report(_shipped_study("study_cpu"), tmp_path)
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
     assert pngs == ["auc_vs_batch.png"]
+
+
+def test_a_base_config_evaluating_per_epoch_gets_the_study_s_cadence() -> None:
+    # MLPerf's configs evaluate 20 times an epoch; a study's cells evaluate evals_per_run times
+    base = {**TINY["base"], "run": {"eval_batch": 1024, "evals_per_epoch": 20}}
+    study = tiny(base=base)
+    for cell in study.cells():
+        run = study.cell_config(cell).run
+        assert run.evals_per_epoch is None and run.eval_every >= 1
