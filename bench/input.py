@@ -20,8 +20,15 @@ synthetic data, each with the input serial and with the default pipeline (one th
 CPU); the share of the step spent waiting for input (``data_wait_s`` over ``step_seconds``,
 the first step left out). Target: <= 5% from the day files with the pipeline on.
 
+Part 3, multi-hot (issue 46): micro-batches of MLPerf DLRMv2's bags (214 ids a row) built from
+one-hot day files (MLPerf's preprocessed layout, written here) by MLPerf's synthesis as they are
+read (``data.multi_hot_sizes``), tables capped at ``--multi-hot-cap`` rows (MLPerf's own caps
+need 23 GB of lookup tables). One thread, serially: CPU µs a row of reading the one-hot rows,
+of making them multi-hot, and of the KeyedJaggedTensor (static offsets, one gather), and the
+whole; then through the pipeline's thread builder. Target: <= 1 CPU µs a row for the whole.
+
     python bench/input.py [--micro-batch 65536] [--keys 12] [--workers 2] [--steps 5]
-                          [--json PATH]
+                          [--multi-hot-only] [--multi-hot-cap 1000000] [--json PATH]
 
 The micro-batch of part 1 is the GPU's (64k rows: 8 synthetic chunks). A key's rows start
 wherever the stream is, so a micro-batch straddles one more source block than it covers; built
@@ -48,9 +55,11 @@ from dlrm_vrgd.data import build_splits
 from dlrm_vrgd.data.batch import TrainStream
 from dlrm_vrgd.data.criteo.preprocess import preprocess
 from dlrm_vrgd.data.export import generate_days
+from dlrm_vrgd.data.multihot import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS, bags_of
 from dlrm_vrgd.data.pipeline import InputPipeline, Layout, rank_keys, resolve_plan
 from dlrm_vrgd.data.pipeline.plan import block_affinity
-from dlrm_vrgd.data.rows import RowSource
+from dlrm_vrgd.data.pipeline.slots import PinnedSlots
+from dlrm_vrgd.data.rows import Rows, RowSource
 
 BUILDERS = ("serial", "threads", "processes")
 
@@ -143,7 +152,7 @@ def feed(source: RowSource, builder: str, b: int, keys: int, workers: int) -> di
     def schedule(key: tuple[int, int]) -> Iterator[tuple[int, int]]:
         return rank_keys(key, 0, 1, keys)
 
-    layout = Layout(b, source.num_dense, len(source.cardinalities))
+    layout = Layout(b, source.num_dense, len(source.cardinalities), bags_of(source))
     affinity = block_affinity(b, b, source.block_rows)
     pipe = InputPipeline(stream.rows, layout, torch.device("cpu"), plan, schedule, affinity)
     try:
@@ -192,6 +201,78 @@ def trainer_wait(
     }
 
 
+def mlperf_onehot_days(path: Path, rows: int, days: int = 3, seed: int = 0) -> None:
+    """MLPerf's preprocessed one-hot layout (no manifest): int32 ids spread over each table's
+    full MLPerf range (read modulo the caps), float32 dense, int32 labels."""
+    path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    high = np.asarray(MLPERF_NUM_EMBEDDINGS, dtype=np.int64)
+    for i in range(days):
+        ids = (rng.random((rows, 26)) * high).astype(np.int32)
+        np.save(path / f"day_{i}_sparse.npy", ids)
+        np.save(path / f"day_{i}_dense.npy", rng.random((rows, 13), dtype=np.float32))
+        np.save(path / f"day_{i}_labels.npy", rng.integers(0, 2, (rows, 1), dtype=np.int32))
+
+
+def multi_hot(tmp: Path, b: int, keys: int, cap: int, workers: int) -> dict[str, float]:
+    """Part 3 (module docstring): CPU µs a row of building multi-hot micro-batches."""
+    from dlrm_vrgd.data.batch import Batch
+    from dlrm_vrgd.data.criteo.source import criteo_splits
+
+    rows = b * keys // 2 + 1  # two train days hold the keys' rows
+    mlperf_onehot_days(tmp / "mlperf", rows)
+    caps = [min(c, cap) for c in MLPERF_NUM_EMBEDDINGS]
+    t0 = time.perf_counter()
+    source = criteo_splits(
+        CriteoData(
+            path=tmp / "mlperf",
+            max_rows_per_table=caps,
+            multi_hot_sizes=list(MLPERF_MULTI_HOT_SIZES),
+        )
+    ).train
+    tables_s = time.perf_counter() - t0
+    onehot = source.base  # type: ignore[attr-defined]
+    keys_ = [f"cat_{i}" for i in range(26)]
+    spans = [(i * b, (i + 1) * b) for i in range(keys)]
+    # once before timing: page the day files in (the figure is CPU, not the disk) and import
+    # torchrec (2 s: the first KJT)
+    Batch.from_rows(source.read(*spans[0])).kjt(keys_)
+    slots = PinnedSlots(Layout(b, 13, 26, source.bags), 1, pin=False)
+    parts = {"read": 0.0, "synthesis": 0.0, "slot": 0.0, "kjt": 0.0}
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: process_time is this thread's CPU
+    try:
+        for a, z in spans:
+            c0 = time.process_time()
+            one = onehot.read(a, z)
+            c1 = time.process_time()
+            sparse = source.tables.expand(one.sparse)  # type: ignore[attr-defined]
+            c2 = time.process_time()
+            rows_ = Rows(one.dense, sparse, one.labels, bags=source.bags)
+            slots.fill(0, rows_)  # the pinned int32 slot a GPU run copies from
+            c3 = time.process_time()
+            kjt = Batch.from_rows(rows_).kjt(keys_)  # a CPU run's KJT (on a GPU: the device's)
+            c4 = time.process_time()
+            assert kjt.values().numel() == b * 214
+            parts["read"] += c1 - c0
+            parts["synthesis"] += c2 - c1
+            parts["slot"] += c3 - c2
+            parts["kjt"] += c4 - c3
+    finally:
+        torch.set_num_threads(torch_threads)
+    n = keys * b
+    out = {f"{k}_us_per_row": 1e6 * v / n for k, v in parts.items()}
+    out["host_us_per_row"] = out["read_us_per_row"] + out["synthesis_us_per_row"]
+    out["gpu_feed_us_per_row"] = out["host_us_per_row"] + out["slot_us_per_row"]
+    out["cpu_run_us_per_row"] = out["host_us_per_row"] + out["kjt_us_per_row"]
+    out["tables_s"] = tables_s
+    out["cap"] = cap
+    out["threads"] = {  # the whole micro-batch (rows read and made multi-hot) by one thread
+        k: v for k, v in feed(source, "threads", b, keys, workers).items()
+    }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--micro-batch", type=int, default=65536)
@@ -203,8 +284,33 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8, help="micro-batches per training step")
     ap.add_argument("--steps", type=int, default=5, help="training steps measured (part 2)")
     ap.add_argument("--json", help="write the figures here (bench/run_all.py --save)")
+    ap.add_argument("--multi-hot-only", action="store_true", help="part 3 only")
+    ap.add_argument("--multi-hot-cap", type=int, default=1_000_000, help="table cap, part 3")
     args = ap.parse_args()
     torch.set_num_threads(threads())
+    with tempfile.TemporaryDirectory(prefix="dlrm-vrgd-input-") as tmp:
+        hot = multi_hot(Path(tmp), args.micro_batch, args.keys, args.multi_hot_cap, args.workers)
+    print(
+        f"Part 3: multi-hot micro-batches of {args.micro_batch:,} rows (MLPerf's 214 ids a "
+        f"row) from one-hot days, tables capped at {hot['cap']:,} rows (drawn in "
+        f"{hot['tables_s']:.1f} s); one thread, CPU us a row:"
+    )
+    print_table(
+        ["read one-hot", "synthesis", "int32 slot", "KJT (CPU run)", "thread builder rows/s",
+         "its CPU us/row"],
+        [[hot["read_us_per_row"], hot["synthesis_us_per_row"], hot["slot_us_per_row"],
+          hot["kjt_us_per_row"], hot["threads"]["rows_per_s"],
+          hot["threads"]["cpu_us_per_row"]]],
+    )  # fmt: skip
+    print(
+        f"multi-hot rows from one-hot days (read + synthesis): {hot['host_us_per_row']:.2f} CPU "
+        f"us a row (target <= 1); into a GPU run's int32 slot "
+        f"{hot['gpu_feed_us_per_row']:.2f}; a CPU run's whole batch with its KJT "
+        f"{hot['cpu_run_us_per_row']:.2f}"
+    )
+    if args.multi_hot_only:
+        write_result(args.json, "input_multi_hot", {"micro_batch": args.micro_batch, **hot})
+        return
     with tempfile.TemporaryDirectory(prefix="dlrm-vrgd-input-") as tmp:
         srcs, generation = sources(Path(tmp), args.rows, args.criteo_rows, args.workers)
         print(
@@ -265,6 +371,7 @@ def main() -> None:
             "criteo_rows": args.criteo_rows,
             "generate": generation,
             "sources": figures,
+            "multi_hot": hot,
             "trainer": {
                 "micro_batch": args.train_micro_batch,
                 "k": args.k,

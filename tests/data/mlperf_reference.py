@@ -16,7 +16,8 @@
 #   This source code is licensed under the MIT license found in the
 #   LICENSE file in the root directory of this source tree.
 #
-# Only what the tests call is kept, otherwise verbatim. Adapted (and nothing else):
+# Only what the tests call is kept, otherwise verbatim but for line breaks (ruff format).
+# Adapted (and nothing else):
 # - Multihot: the frequency-statistics members (collect_freqs_stats, save_freqs_stats,
 #   pause_stats_collection_during_val_and_test) are left out (they only count ids).
 # - materialize: the script's argparse and torch.distributed set-up (init_process_group,
