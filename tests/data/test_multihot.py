@@ -157,3 +157,40 @@ def test_generate_multi_hot_option() -> None:
         multi_hot_sizes("config", None)
     with pytest.raises(ValueError, match="at least 1"):
         multi_hot_sizes("4,0", None)
+
+
+def _multi_hot_train_config(**extra: dict) -> dict:
+    raw: dict = {
+        "data": {
+            "source": "synthetic", "train_rows": 2048, "val_rows": 256, "test_rows": 256,
+            "cardinalities": [50, 60, 70], "chunk_rows": 256, "multi_hot_sizes": [3, 1, 2],
+        },
+        "run": {"global_batch": 512, "micro_batch": 256, "steps": 3},
+    }  # fmt: skip
+    for section, values in extra.items():
+        raw.setdefault(section, {}).update(values)
+    return raw
+
+
+def test_multi_hot_trains_with_the_plain_rowwise_optimizer() -> None:
+    from dlrm_vrgd.train.loop import Trainer
+
+    trainer = Trainer(parse_config(_multi_hot_train_config()))
+    try:
+        losses = [trainer.train_step()["loss"] for _ in range(3)]
+    finally:
+        trainer.close_input()
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"model": {"embedding_backend": "torch"}}, "embedding_backend: fbgemm"),
+        ({"optim": {"sparse": {"name": "gsnr_rowwise_adagrad"}}}, "not yet verified"),
+        ({"optim": {"sparse": {"name": "cowclip_rowwise_adagrad"}}}, "not yet verified"),
+    ],
+)
+def test_multi_hot_training_refuses_what_is_not_ready(extra: dict, named: str) -> None:
+    with pytest.raises(ConfigError, match=f"data.multi_hot_sizes: .*{named}"):
+        parse_config(_multi_hot_train_config(**extra))
