@@ -734,9 +734,9 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _check_multi_hot(self) -> TrainConfig:
-        """Multi-hot ids train on FBGEMM's tables with the plain row-wise optimizers only, so
-        far: the torch backend's lookup takes one id a table, and the GSNR and CowClip table
-        steps are not yet verified on bags with repeated ids (issue 46)."""
+        """Multi-hot ids train on FBGEMM's tables only: the torch backend's lookup takes one id
+        a table. Every table optimizer (plain, ``gsnr_``, ``cowclip_``) handles bags with
+        repeated ids (tests/optim/test_sparse_multihot.py, issue 46)."""
         if getattr(self.data, "multi_hot_sizes", None) is None:
             return self
         if self.model.embedding_backend != "fbgemm":
@@ -744,15 +744,6 @@ class TrainConfig(_Section):
                 ("data", "multi_hot_sizes"),
                 "multi-hot ids need model.embedding_backend: fbgemm (the torch backend's lookup "
                 "takes one id a table)",
-                self.data.multi_hot_sizes,  # type: ignore[union-attr]
-            )
-        name = self.optim.sparse.name
-        if name.startswith(("gsnr_", "cowclip_")):
-            raise field_error(
-                ("data", "multi_hot_sizes"),
-                f"multi-hot ids train with optim.sparse.name rowwise_adagrad or sgd; {name} is "
-                "not yet verified on bags with repeated ids (its per-group row gradients and "
-                "counts)",
                 self.data.multi_hot_sizes,  # type: ignore[union-attr]
             )
         return self
