@@ -275,8 +275,14 @@ def test_advice_of_a_running_and_a_finished_job(served: Served) -> None:
     first = client.advice(running)
     assert first["global_batch"] == 256 and first["k"] == 4 and first["rows_per_group"] == 64
     model = first["scopes"]["model"]
-    assert model["b_simple"] > 0 and model["p10"] <= model["b_simple"] <= model["p90"]
-    assert [t["batch_over_g"] for t in model["tradeoff"]] == [0.25, 0.5, 1.0, 2.0, 4.0]
+    smoothed = model["smoothed"]  # the EMA series' drift, beside the window's estimate
+    assert smoothed["p10"] <= smoothed["median"] <= smoothed["p90"]
+    if model["b_simple"] is None:  # a window with no gradient signal (Σ|G|² ≤ 0): no trade-off
+        assert "tradeoff" not in model and model["tradeoff_reason"]
+    else:
+        assert model["b_simple"] > 0
+        assert [t["batch_over_g"] for t in model["tradeoff"]] == [0.25, 0.5, 1.0, 2.0, 4.0]
+    assert "B_simple" in first["text"]  # the CLI's words (tests/service/test_advice_shown.py)
     assert "not a promise" in first["note"]
     wait_for(lambda: client.advice(running)["last_step"] > first["last_step"], timeout=60)
     finished = served.finished["id"]

@@ -294,11 +294,16 @@ def test_ctrl_c_on_a_follow_and_a_closed_pipe_end_without_a_traceback(
     # it prints the log's tail first, then waits for more: interrupt it once it is following
     # (a fixed sleep raced the CLI's start on a loaded machine)
     assert follow.stdout is not None
-    ready, _, _ = select.select([follow.stdout], [], [], 120)
-    first = follow.stdout.readline() if ready else ""
-    time.sleep(0.5)
-    follow.send_signal(signal.SIGINT)
-    out, err = follow.communicate(timeout=60)
+    try:
+        ready, _, _ = select.select([follow.stdout], [], [], 120)
+        first = follow.stdout.readline() if ready else ""
+        time.sleep(0.5)
+        follow.send_signal(signal.SIGINT)
+        out, err = follow.communicate(timeout=60)
+    finally:  # a follow that outlived the test would leak into the next one's warnings
+        if follow.poll() is None:
+            follow.kill()
+            follow.communicate()
     assert follow.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert "step " in first + out  # the log's tail came first
