@@ -351,6 +351,7 @@ DenseOptimizerName = Literal[
 ]  # fmt: skip
 SparseOptimizerName = Literal[
     "rowwise_adagrad",
+    "adagrad",
     "sgd",
     "gsnr_rowwise_adagrad",
     "gsnr_sgd",
@@ -418,12 +419,12 @@ class SparseOptimConfig(_Section):
     ``t_j = clip_ratio·cnt_j·max(‖w_j‖, clip_ratio·zeta·√D)``, ``cnt_j`` the samples holding
     the id (see :mod:`dlrm_vrgd.optim.sparse`, docs/cowclip.md)."""
 
-    #: FBGEMM's `rowwise_adagrad` or `sgd`, their `gsnr_` (row-wise GSNR) or `cowclip_`
-    #: (CowClip) variants.
+    #: FBGEMM's `rowwise_adagrad`, `adagrad` (element-wise) or `sgd`, their `gsnr_` (row-wise
+    #: GSNR) or `cowclip_` (CowClip) variants.
     name: SparseOptimizerName = "rowwise_adagrad"
     #: Base learning rate of the embedding tables.
     lr: Real(gt=0.0, le=1e6) = 0.05
-    #: Added to row-wise Adagrad's denominator.
+    #: Added to Adagrad's denominator (outside the square root).
     eps: Real(gt=0.0, le=1.0) = 1e-8
     #: Lower clip of the rows' GSNR ratio (`gsnr_` names): 1 is the plain optimizer.
     gamma: Real(gt=0.0, le=1.0) = 0.1
@@ -447,7 +448,7 @@ class SparseOptimConfig(_Section):
 
     @property
     def kernel(self) -> str:
-        """The fused FBGEMM update: ``rowwise_adagrad`` or ``sgd``."""
+        """The fused FBGEMM update: ``rowwise_adagrad``, ``adagrad`` or ``sgd``."""
         return self.name.removeprefix("gsnr_").removeprefix("cowclip_")
 
     @property
@@ -745,6 +746,19 @@ class TrainConfig(_Section):
                 "multi-hot ids need model.embedding_backend: fbgemm (the torch backend's lookup "
                 "takes one id a table)",
                 self.data.multi_hot_sizes,  # type: ignore[union-attr]
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_table_optimizer(self) -> TrainConfig:
+        """Element-wise Adagrad is FBGEMM's EXACT_ADAGRAD: the torch backend's tables keep
+        row-wise sums only."""
+        if self.optim.sparse.kernel == "adagrad" and self.model.embedding_backend != "fbgemm":
+            raise field_error(
+                ("optim", "sparse", "name"),
+                "element-wise adagrad needs model.embedding_backend: fbgemm (the torch "
+                "backend's tables keep one Adagrad sum per row)",
+                self.optim.sparse.name,
             )
         return self
 

@@ -222,6 +222,14 @@ def _state_problem(state: Any, manifest: dict[str, Any]) -> str | None:
             or len(t["names"]) != len(t["weights"])
         ):
             return "a tables entry is not {names, weights, states}"
+        for name, w, st in zip(t["names"], t["weights"], t["states"], strict=False):
+            # the optimizer state of a table: none (SGD), one sum per row (row-wise Adagrad) or
+            # one per weight element (full Adagrad, laid out as the weights)
+            if st.numel() and tuple(st.shape) not in ((w.shape[0],), tuple(w.shape)):
+                return (
+                    f"table {name}: optimizer state of shape {tuple(st.shape)} for weights of "
+                    f"shape {tuple(w.shape)}"
+                )
     if not isinstance(state["dense_opt"], dict) or not isinstance(state["sparse_opt"], dict):
         return "an optimizer state is not a dict"
     return rng.problem(state["rng"])

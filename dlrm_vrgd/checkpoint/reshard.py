@@ -4,9 +4,10 @@ A rank's checkpoint state (:meth:`dlrm_vrgd.train.loop.Trainer.state_dict`) hold
 parameters and dense optimizer state (replicated: every rank holds the same), and, per FBGEMM
 lookup, the tables or table *shards* it owns: a shard is labelled
 ``t_cat_3[rows R0+NR, cols C0+NC]`` (:func:`~dlrm_vrgd.train.distributed._shard_label`), a
-whole table by its name. With each shard go its row-wise optimizer state (the Adagrad sum of
-squares, one scalar per row of the shard) and, with the ``ema`` GSNR estimator, the two per-row
-EMA scalars of the sparse optimizer (kept per lookup and row space; see
+whole table by its name. With each shard go its optimizer state (the Adagrad sum of squares:
+one scalar per row of the shard for row-wise Adagrad, or one per weight element, ``nr x nc``,
+for full Adagrad, ``optim.sparse.name: adagrad``) and, with the ``ema`` GSNR estimator, the
+two per-row EMA scalars of the sparse optimizer (kept per lookup and row space; see
 :class:`~dlrm_vrgd.optim.sparse.SparseRowwiseOptimizer`).
 
 :func:`gather_checkpoint` reads every rank's file (sizes and SHA-256 checked) and reassembles
@@ -20,6 +21,9 @@ shard are combined from the old shards it overlaps (``o`` = columns in common):
   an estimate when a row is split (each slice inherits the whole row's value);
 * EMA scalars (sums over the shard's columns): ``e_new = Σ_old (o / NC_old)·e_old`` — exact
   when merged, split in proportion to the columns otherwise.
+
+Element-wise Adagrad sums belong to their elements: they are cut and joined by rows and columns
+exactly as the weights are, whatever the old and new splits.
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ class ColumnSegment:
 
     c0: int
     nc: int
-    state: torch.Tensor | None  # rows (Adagrad sum), None for SGD
+    #: Adagrad sums: ``rows`` (row-wise), ``rows x nc`` (element-wise), None for SGD
+    state: torch.Tensor | None
     ema: tuple[torch.Tensor, torch.Tensor] | None  # rows each, None without the EMA estimator
 
 
@@ -147,10 +152,14 @@ def gather_checkpoint(path: Path) -> FullState:
                     pieces[shard.name] = []
                     order.append(shard.name)
                 state_rows = s if s.numel() else None
-                if state_rows is not None and state_rows.numel() != shard.nr:
+                if state_rows is not None and tuple(state_rows.shape) not in (
+                    (shard.nr,),
+                    (shard.nr, shard.nc),
+                ):
                     raise ckpt.CheckpointError(
-                        f"{path}: rank {rank}, {label}: {state_rows.numel()} optimizer-state rows "
-                        f"for {shard.nr} table rows"
+                        f"{path}: rank {rank}, {label}: optimizer state of shape "
+                        f"{tuple(state_rows.shape)} for a {shard.nr} x {shard.nc} shard (one sum "
+                        "per row or one per element)"
                     )
                 pieces[shard.name].append((shard, w, state_rows, e))
     tables = {name: _assemble(name, pieces[name], path) for name in _model_order(order)}
@@ -186,10 +195,17 @@ def _assemble(
             "once (a rank's file is missing or the checkpoint mixes two plans)"
         )
     segments = []
+    shapes = {s.dim() for *_, s, _ in parts if s is not None}
+    if len(shapes) > 1:
+        raise ckpt.CheckpointError(
+            f"{path}: table {name} has row-wise and element-wise optimizer state in its shards"
+        )
     for (c0, nc), items in sorted(columns.items()):
         has_state = all(s is not None for _, s, _ in items)
         has_ema = all(e is not None for _, _, e in items)
-        state = torch.zeros(rows) if has_state else None
+        state = None
+        if has_state:
+            state = torch.zeros(rows, nc) if shapes == {2} else torch.zeros(rows)
         ema = (torch.zeros(rows), torch.zeros(rows)) if has_ema else None
         for shard, s, e in items:
             sl = slice(shard.r0, shard.r0 + shard.nr)
@@ -207,7 +223,8 @@ def _overlap(a0: int, an: int, b0: int, bn: int) -> int:
 
 
 def shard_scalars(table: FullTable, shard: Shard) -> tuple[torch.Tensor | None, Any]:
-    """The Adagrad sums and EMA pairs of the rows and columns of ``shard`` (module docstring)."""
+    """The Adagrad sums (``nr``, or ``nr x nc`` element-wise) and EMA pairs of the rows and
+    columns of ``shard`` (module docstring)."""
     rows = slice(shard.r0, shard.r0 + shard.nr)
     state: torch.Tensor | None = None
     ema: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -215,7 +232,14 @@ def shard_scalars(table: FullTable, shard: Shard) -> tuple[torch.Tensor | None, 
         o = _overlap(seg.c0, seg.nc, shard.c0, shard.nc)
         if o == 0:
             continue
-        if seg.state is not None:
+        if seg.state is not None and seg.state.dim() == 2:  # element-wise: the columns in common
+            if state is None:
+                state = torch.zeros(shard.nr, shard.nc)
+            c0 = max(seg.c0, shard.c0)
+            state[:, c0 - shard.c0 : c0 - shard.c0 + o] = seg.state[
+                rows, c0 - seg.c0 : c0 - seg.c0 + o
+            ]
+        elif seg.state is not None:
             part = seg.state[rows] * (o / shard.nc)
             state = part if state is None else state + part
         if seg.ema is not None:

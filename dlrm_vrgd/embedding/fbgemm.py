@@ -2,15 +2,18 @@
 
 :class:`FbgemmEmbeddingBagCollection` is a drop-in for torchrec's ``EmbeddingBagCollection``
 (``forward(KeyedJaggedTensor) -> KeyedTensor``, ``embedding_bag_configs()``) backed by one
-``SplitTableBatchedEmbeddingBagsCodegen`` with a fused optimizer (EXACT_ROWWISE_ADAGRAD or
-EXACT_SGD). Its lookups are captured (:class:`~dlrm_vrgd.embedding.capture.LookupCapture`) so
-that ``A`` micro-batches make one optimizer step, not ``A``: the row gradients are accumulated
-by the sparse optimizer and applied by :func:`replay_rows`, which runs the TBE forward and
-backward once more on the touched rows only — one row per bag, output gradient = the row
-gradient — so that FBGEMM's fused kernel performs the update itself.
+``SplitTableBatchedEmbeddingBagsCodegen`` with a fused optimizer (EXACT_ROWWISE_ADAGRAD,
+EXACT_ADAGRAD or EXACT_SGD). Its lookups are captured
+(:class:`~dlrm_vrgd.embedding.capture.LookupCapture`) so that ``A`` micro-batches make one
+optimizer step, not ``A``: the row gradients are accumulated by the sparse optimizer and applied
+by :func:`replay_rows`, which runs the TBE forward and backward once more on the touched rows
+only — one row per bag, output gradient = the row gradient — so that FBGEMM's fused kernel
+performs the update itself.
 
-Because every row appears exactly once in the replay, EXACT_ROWWISE_ADAGRAD and EXACT_SGD
-produce exactly the update they would have made on the whole global batch at once.
+Because every row appears exactly once in the replay, EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD and
+EXACT_SGD produce exactly the update they would have made on the whole global batch at once.
+EXACT_ADAGRAD (``adagrad``, MLPerf DLRMv2's table optimizer) keeps one Adagrad sum per weight
+element: ``s += g⊙g``, ``w −= lr·g/(√s + ε)`` (ε outside the root, as FBGEMM's kernel).
 """
 
 from __future__ import annotations
@@ -44,8 +47,23 @@ WEIGHTS_PRECISION: dict[str, SparseType] = {"fp32": SparseType.FP32, "fp16": Spa
 
 FUSED_OPTIMIZERS: dict[str, EmbOptimType] = {
     "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+    "adagrad": EmbOptimType.EXACT_ADAGRAD,
     "sgd": EmbOptimType.EXACT_SGD,
 }
+
+#: The fused optimizer's name (``FUSED_OPTIMIZERS``'s key) of each kernel.
+KERNEL_NAMES: dict[EmbOptimType, str] = {v: k for k, v in FUSED_OPTIMIZERS.items()}
+
+
+def kernel_name(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
+    """``rowwise_adagrad``, ``adagrad`` or ``sgd``: the update ``tbe``'s fused kernel makes."""
+    try:
+        return KERNEL_NAMES[tbe.optimizer]
+    except KeyError:
+        raise ValueError(
+            f"a TBE with optimizer {tbe.optimizer.name}: the sparse optimizer replays "
+            f"{sorted(FUSED_OPTIMIZERS)} only"
+        ) from None
 
 
 def replay_rows(
@@ -149,7 +167,14 @@ def row_space_view(
     weights = _buffer(tbe, "weights", w_place[space.tables[0]])
     if s_start is not None:
         states = _buffer(tbe, "momentum1", m_place[space.tables[0]])
-    return RowSpaceView(space, weights, [w_start[t] for t in space.tables], states, s_start)
+    return RowSpaceView(
+        space,
+        weights,
+        [w_start[t] for t in space.tables],
+        states,
+        s_start,
+        elementwise=tbe.optimizer == EmbOptimType.EXACT_ADAGRAD,
+    )
 
 
 class TableLoopView(RowSpaceView):
@@ -200,23 +225,34 @@ class TableLoopView(RowSpaceView):
         for sel, local, w in self._parts(rows, self._lookup.table_weights()):
             w.index_copy_(0, local, values[sel])
 
+    @property
+    def elementwise(self) -> bool:  # type: ignore[override]
+        return self._lookup.kernel == "adagrad"
+
+    def _state_tables(self) -> list[torch.Tensor]:
+        """Per table: ``rows`` (row-wise) or ``rows x dim`` (element-wise) states."""
+        states = self._lookup.row_states()
+        return states if self.elementwise else [s.reshape(-1) for s in states]
+
     def gather_states(self, rows: torch.Tensor) -> torch.Tensor | None:
         if not self.has_states:
             return None
-        out = torch.empty(rows.numel(), device=rows.device)
-        for sel, local, st in self._parts(rows, self._lookup.row_states()):
-            out[sel] = st.reshape(-1).index_select(0, local).float()
+        shape = (rows.numel(), self.dim) if self.elementwise else (rows.numel(),)
+        out = torch.empty(shape, device=rows.device)
+        for sel, local, st in self._parts(rows, self._state_tables()):
+            out[sel] = st.index_select(0, local).float()
         return out
 
     def put_states_(self, rows: torch.Tensor, values: torch.Tensor) -> None:
-        for sel, local, st in self._parts(rows, self._lookup.row_states()):
-            st.reshape(-1).index_copy_(0, local, values[sel].to(st.dtype))
+        for sel, local, st in self._parts(rows, self._state_tables()):
+            st.index_copy_(0, local, values[sel].to(st.dtype))
 
 
 def space_buffers(
     tbe: SplitTableBatchedEmbeddingBagsCodegen, layout: LookupLayout, space: RowSpace
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """Views ``(weights: size x dim, row states: size or None for SGD)`` of ``space``'s
+    """Views ``(weights: size x dim, states: size, size x dim for EXACT_ADAGRAD, or None for
+    SGD)`` of ``space``'s
     consecutive tables in ``tbe``'s host memory, indexed by global row of the space; None
     where the tables are not consecutive or the weights live on the device."""
     if tbe.weights_host.numel() == 0:
@@ -259,7 +295,7 @@ def takes_host_buffers(tbe_class: type) -> bool:
 def space_view(
     tbe: SplitTableBatchedEmbeddingBagsCodegen, layout: LookupLayout, space: RowSpace
 ) -> SplitTableBatchedEmbeddingBagsCodegen | None:
-    """A one-table TBE over the weights and row-wise optimizer state of ``space``'s tables,
+    """A one-table TBE over the weights and optimizer state of ``space``'s tables,
     sharing ``tbe``'s host buffers (FBGEMM's ``preallocated_host_buffers``): an update through
     it *is* an update of ``tbe``. Its single table is the row space, so global row ``i`` of the
     space is its row ``i``. None where the tables are not consecutive in host memory, or where
@@ -271,7 +307,7 @@ def space_view(
     weights, states = views
     buffers = {"weights": weights.view(-1)}
     if states is not None:
-        buffers["momentum1"] = states
+        buffers["momentum1"] = states.view(-1)
     return SplitTableBatchedEmbeddingBagsCodegen(
         [(space.size, space.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
         optimizer=tbe.optimizer,
@@ -340,7 +376,8 @@ class TBELookup:
 
     @property
     def kernel(self) -> str:
-        return "sgd" if self.tbe.optimizer == EmbOptimType.EXACT_SGD else "rowwise_adagrad"
+        """``rowwise_adagrad``, ``adagrad`` (element-wise) or ``sgd`` (:func:`kernel_name`)."""
+        return kernel_name(self.tbe)
 
     @property
     def eps(self) -> float:
@@ -408,7 +445,8 @@ class TBELookup:
         return list(self.tbe.split_embedding_weights())
 
     def row_states(self) -> list[torch.Tensor]:
-        """The row-wise Adagrad sum of squares per table (empty tensors for SGD)."""
+        """The Adagrad sums of squares per table: ``rows`` (row-wise), ``rows x dim``
+        (EXACT_ADAGRAD: element-wise) or empty tensors (SGD)."""
         if self.tbe.optimizer == EmbOptimType.EXACT_SGD:
             return [torch.zeros(0) for _ in self.table_names]
         return [s[0] for s in self.tbe.split_optimizer_states()]
@@ -419,13 +457,14 @@ class FbgemmEmbeddingBagCollection(nn.Module):
 
     Args:
         tables: torchrec table configs; all features of the input KJT, in this order.
-        optimizer: ``"rowwise_adagrad"`` (EXACT_ROWWISE_ADAGRAD) or ``"sgd"`` (EXACT_SGD).
+        optimizer: ``"rowwise_adagrad"`` (EXACT_ROWWISE_ADAGRAD), ``"adagrad"`` (EXACT_ADAGRAD:
+            one sum per weight element) or ``"sgd"`` (EXACT_SGD).
         lr, eps: fused optimizer hyper-parameters (the LR is reset at every step).
         is_weighted: whether the input KJT carries per-id weights.
         device: ``cpu`` or ``cuda``.
         seed: weights are drawn by :func:`table_init` (``None``: from the global RNG).
         precision: how the weights are stored: ``"fp32"`` or ``"fp16"`` (FBGEMM's
-            ``weights_precision``; the row-wise Adagrad sums stay float32, the lookups' output
+            ``weights_precision``; the Adagrad sums stay float32, the lookups' output
             and its gradients float32, and the fused kernels round their writes
             stochastically).
     """

@@ -1,10 +1,11 @@
-"""One row space as one tensor: the weights and row-wise state of every table of one embedding
+"""One row space as one tensor: the weights and optimizer state of every table of one embedding
 dim, addressed by global row, wherever the lookup keeps them.
 
 A TBE keeps all its tables' weights in one flat buffer per placement (``weights_dev`` on the
 GPU, ``weights_host`` on the CPU, ``weights_uvm`` in managed memory), table ``t`` starting at
-element ``weights_physical_offsets[t]``, and its row-wise Adagrad sums likewise
-(``momentum1_*``): that is how FBGEMM's ``split_embedding_weights`` reads them. A
+element ``weights_physical_offsets[t]``, and its Adagrad sums likewise (``momentum1_*``: one
+per row for EXACT_ROWWISE_ADAGRAD, one per weight element, laid out as the weights, for
+EXACT_ADAGRAD): that is how FBGEMM's ``split_embedding_weights`` reads them. A
 :class:`RowSpaceView` addresses a :class:`~dlrm_vrgd.embedding.capture.RowSpace` through those
 buffers: a gather, an add or a write of any set of global rows is one index op for the whole
 space, on the buffers' own device, with no loop over tables and no host sync.
@@ -75,14 +76,17 @@ def stochastic_round(values: Tensor, dtype: torch.dtype, keys: Tensor, salt: int
 
 
 class RowSpaceView:
-    """Weights (``size x D``) and row-wise states (``size``, or none for SGD) of one row space.
+    """Weights (``size x D``) and optimizer states of one row space: row-wise (``size``),
+    element-wise (``size x D``, ``elementwise``: full Adagrad) or none (SGD).
 
     Args:
         space: the row space (its tables and their global row offsets).
         weights: the flat buffer holding the space's tables (1-D, any device and float dtype).
         weight_starts: element of ``weights`` where each table of the space starts.
-        states: the flat buffer of the row-wise states (1-D), or None (SGD).
+        states: the flat buffer of the states (1-D), or None (SGD).
         state_starts: element of ``states`` where each table's states start.
+        elementwise: one state per weight element (row ``g`` of a table at ``start + g·D``),
+            not one per row.
 
     Reads return float32; writes round to the buffers' dtype.
     """
@@ -94,6 +98,7 @@ class RowSpaceView:
         weight_starts: list[int],
         states: Tensor | None = None,
         state_starts: list[int] | None = None,
+        elementwise: bool = False,
     ) -> None:
         if len(weight_starts) != len(space.tables):
             raise ValueError(f"{len(weight_starts)} starts for {len(space.tables)} tables")
@@ -114,27 +119,36 @@ class RowSpaceView:
         self._w_base = torch.tensor(w_base, dtype=torch.int64, device=self.device)
         self._cols = torch.arange(self.dim, device=self.device)
         self._bounds = torch.tensor(offsets[1:-1], dtype=torch.int64, device=self.device)
+        #: Whether the states are element-wise (``size x D``) rather than row-wise (``size``).
+        self.elementwise = elementwise
+        #: ``size`` (or ``size x D``, element-wise) view where the tables are back to back
         self.states: Tensor | None = None
         self._states_flat: Tensor | None = None
         self._s_base: Tensor | None = None
         if states is not None:
             starts = state_starts if state_starts is not None else [0] * len(space.tables)
             s_flat = states.detach().reshape(-1)
-            s_base = [start - offsets[i] for i, start in enumerate(starts)]
+            per_row = self.dim if elementwise else 1
+            s_base = [start - offsets[i] * per_row for i, start in enumerate(starts)]
             self._states_flat = s_flat
             if len(set(s_base)) == 1:
-                self.states = s_flat[starts[0] : starts[0] + space.size]
+                part = s_flat[starts[0] : starts[0] + space.size * per_row]
+                self.states = part.view(space.size, self.dim) if elementwise else part
             self._s_base = torch.tensor(s_base, dtype=torch.int64, device=self.device)
 
     @staticmethod
     def contiguous(space: RowSpace, weights: Tensor, states: Tensor | None) -> RowSpaceView:
-        """The view of ``weights`` (``size x D``) and ``states`` (``size``) held as they are."""
+        """The view of ``weights`` (``size x D``) and ``states`` (``size``, or ``size x D``:
+        element-wise) held as they are."""
+        elementwise = states is not None and states.dim() == 2
+        per_row = space.dim if elementwise else 1
         return RowSpaceView(
             space,
             weights,
             [o * space.dim for o in space.offsets[:-1]],
             states,
-            list(space.offsets[:-1]),
+            [o * per_row for o in space.offsets[:-1]],
+            elementwise,
         )
 
     @property
@@ -195,23 +209,30 @@ class RowSpaceView:
             self._weights_flat.index_copy_(0, self._elements(rows).reshape(-1), values.reshape(-1))
 
     def _state_index(self, rows: Tensor) -> Tensor:
+        """Flat indices of the states of ``rows``: ``U``, or ``U x D`` element-wise."""
         assert self._s_base is not None
+        if self.elementwise:
+            start = self._s_base[self.table_index(rows)] + rows * self.dim
+            return start[:, None] + self._cols
         return self._s_base[self.table_index(rows)] + rows
 
     def gather_states(self, rows: Tensor) -> Tensor | None:
-        """A float32 copy of the row-wise states of ``rows`` (``U``); None for SGD."""
+        """A float32 copy of the states of ``rows`` (``U``, or ``U x D`` element-wise); None
+        for SGD."""
         if self._states_flat is None:
             return None
         if self.states is not None:
             return self.states.index_select(0, rows).float()
-        return self._states_flat.index_select(0, self._state_index(rows)).float()
+        return self._states_flat[self._state_index(rows)].float()
 
     def put_states_(self, rows: Tensor, values: Tensor) -> None:
-        """Write ``values`` (``U``) as the row-wise states of global ``rows`` (unique)."""
+        """Write ``values`` (``U``, or ``U x D`` element-wise) as the states of global ``rows``
+        (unique)."""
         if self._states_flat is None:
-            raise ValueError("this row space has no row-wise state (SGD)")
+            raise ValueError("this row space has no optimizer state (SGD)")
         values = values.to(self._states_flat.dtype)
         if self.states is not None:
             self.states.index_copy_(0, rows, values)
         else:
-            self._states_flat.index_copy_(0, self._state_index(rows), values)
+            index = self._state_index(rows)
+            self._states_flat.index_copy_(0, index.reshape(-1), values.reshape(-1))

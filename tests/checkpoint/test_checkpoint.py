@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from dlrm_vrgd import checkpoint as ckpt
+from dlrm_vrgd.checkpoint.load import _state_problem
 from dlrm_vrgd.rundir import read_jsonl
 from dlrm_vrgd.train.run import Callback, train
 
@@ -200,3 +202,29 @@ def test_resume_at_the_last_step_evaluates_once(tmp_path: Path) -> None:
     assert evals == [("val", 4), ("test", 4)]
     assert again.test == first.test and not again.already_finished
     assert json.loads((tmp_path / "result.json").read_text())["steps"] == 4
+
+
+def test_resume_with_elementwise_adagrad_equals_uninterrupted(tmp_path: Path) -> None:
+    """``optim.sparse.name: adagrad`` (FBGEMM's EXACT_ADAGRAD): the checkpoint carries one Adagrad
+    sum per weight element, and a resumed run continues bit for bit."""
+    cfg = tiny_config("run.steps=5", "run.checkpoint_every=2", "optim.sparse.name=adagrad")
+    whole = train(cfg, tmp_path / "whole")
+    with pytest.raises(RuntimeError):
+        train(cfg, tmp_path / "crashed", callbacks=[CrashAt(3)])
+    resumed = train(cfg, tmp_path / "crashed", resume=True)
+    assert resumed.losses == whole.losses[2:]
+    assert resumed.test == whole.test
+    last = [ckpt.list_checkpoints(tmp_path / d)[-1] for d in ("whole", "crashed")]
+    a, b = (ckpt.load_rank_state(p, 0) for p in last)
+    for ta, tb in zip(a["tables"], b["tables"], strict=True):
+        for w, s, wb, sb in zip(
+            ta["weights"], ta["states"], tb["weights"], tb["states"], strict=True
+        ):
+            assert s.shape == w.shape  # element-wise: rows x dim
+            assert bool((s > 0).any())
+            assert torch.equal(w, wb) and torch.equal(s, sb)
+    # a state that is not the weights' shape (here transposed) is refused when loaded
+    manifest = ckpt.read_manifest(last[0])
+    assert _state_problem(a, manifest) is None
+    a["tables"][0]["states"][1] = a["tables"][0]["states"][1].t().contiguous()
+    assert "optimizer state of shape" in str(_state_problem(a, manifest))

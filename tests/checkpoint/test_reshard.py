@@ -166,3 +166,63 @@ def test_column_split_changes_combine_the_row_scalars() -> None:
     torch.testing.assert_close(state, torch.tensor([2.0, 4.0]))
     torch.testing.assert_close(ema[0], torch.tensor([2.0, 0.0]))
     torch.testing.assert_close(ema[1], torch.tensor([3.5, 0.0]))
+
+
+def test_elementwise_adagrad_reshards_one_to_two_column_wise_ranks_and_back(
+    tmp_path: Path,
+) -> None:
+    """Full Adagrad (``adagrad``: one sum per weight element): a 1-rank run resumed from step 3
+    on 2 ranks with column-wise shards (each rank holds column slices of the tables, with their
+    element-wise sums) ends as the uninterrupted 1-rank run, and its 2-rank checkpoint loads
+    back on 1 rank with every element's sum in place."""
+    # torchrec cuts columns in slices of at least 128 (MIN_CW_DIM): dim 256 gives two
+    sets = ("optim.sparse.name=adagrad", "model.embedding_dim=256", "model.dense_arch=[16,256]")
+    one = train(tmp_path, "one", 1, *sets)
+    part = tmp_path / "two"
+    shutil.copytree(one, part)
+    shutil.rmtree(part / "checkpoints" / "step_00000006")
+    (part / "result.json").unlink()
+    cfg = write_config(tmp_path / "two.yaml", 2, sharding=["column_wise"])
+    proc = cli(
+        "train", "--config", str(cfg), "--out", str(part), "--resume",
+        *(a for s in sets for a in ("--set", s)),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert losses(part) == pytest.approx(losses(one), rel=1e-5)
+    step6 = part / "checkpoints" / "step_00000006"
+    labels = [
+        n
+        for p in sorted(step6.glob("rank*.pt"))
+        for t in torch.load(p, weights_only=True)["tables"]
+        for n in t["names"]
+    ]
+    assert any("cols 128+128" in n for n in labels), labels  # really cut by columns
+    whole, split = (
+        gather_checkpoint(one / "checkpoints" / "step_00000006"),
+        gather_checkpoint(step6),
+    )
+    assert whole.tables.keys() == split.tables.keys() and len(whole.tables) == 6
+    for name, table in whole.tables.items():
+        torch.testing.assert_close(split.tables[name].weight, table.weight, rtol=1e-5, atol=1e-6)
+        (seg,) = table.segments
+        assert seg.state is not None and seg.state.shape == (table.rows, table.dim)
+        assert seg.state.gt(0).any(), name
+        for other in split.tables[name].segments:  # each column slice: its elements' sums
+            assert other.state is not None and other.state.shape == (table.rows, other.nc)
+            torch.testing.assert_close(
+                other.state, seg.state[:, other.c0 : other.c0 + other.nc], rtol=1e-5, atol=1e-7
+            )
+    # and back onto 1 rank: the 2-rank checkpoint's element-wise sums, joined
+    raw = torch.load(step6 / "rank0.pt", weights_only=True)["config"]
+    raw["run"]["nproc_per_node"] = 1
+    raw["run"]["sharding"] = ["table_wise"]
+    trainer = Trainer(parse_config(raw))
+    load_checkpoint(trainer, step6)
+    (mine,) = trainer.state_dict()["tables"]
+    for name, state in zip(mine["names"], mine["states"], strict=True):
+        table = split.tables[name]
+        assert state.shape == (table.rows, table.dim)
+        for seg in table.segments:
+            torch.testing.assert_close(
+                state[:, seg.c0 : seg.c0 + seg.nc], seg.state, rtol=0, atol=0
+            )

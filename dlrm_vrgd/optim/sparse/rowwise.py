@@ -4,6 +4,8 @@ For the touched rows ``rows`` (U, unique) of a row space with mean gradients ``�
 ratios ``r`` (U, in ``[γ, 1]``), the kernels of FBGEMM's fused optimizers are
 
 * EXACT_ROWWISE_ADAGRAD: ``s_row += mean_D(g²)``, ``Δ_row = −lr · g / (√s_row + ε)``;
+* EXACT_ADAGRAD (``adagrad``, element-wise): ``s += g⊙g`` (``U x D``),
+  ``Δ_row = −lr · g / (√s + ε)`` element by element (ε outside the root, as FBGEMM's kernel);
 * EXACT_SGD: ``Δ_row = −lr · g``,
 
 and the ratio acts (``placement``)
@@ -30,15 +32,25 @@ from torch import Tensor
 
 from dlrm_vrgd.embedding.views import RowSpaceView
 
-Kernel = Literal["rowwise_adagrad", "sgd"]
+Kernel = Literal["rowwise_adagrad", "adagrad", "sgd"]
+
+
+def next_state(kernel: str, state: Tensor, grad: Tensor) -> Tensor:
+    """The Adagrad sums after adding ``grad`` (U x D): row-wise ``s + mean_D g²`` (U),
+    element-wise (``adagrad``) ``s + g⊙g`` (U x D)."""
+    if kernel == "adagrad":
+        return state + grad.square()
+    return state + grad.square().mean(dim=1)
 
 
 def plain_step(kernel: str, lr: float, eps: float, grad: Tensor, state: Tensor | None) -> Tensor:
     """``Δw_row`` (U x D) of the fused kernel's plain update of each row by ``grad`` (U x D),
-    given the row state *after* the update (U, the Adagrad sums including ``mean_D g²``):
-    row-wise Adagrad ``−lr·g/(√s + ε)``, SGD ``−lr·g``."""
+    given the state *after* the update (U, the Adagrad sums including ``mean_D g²``; U x D
+    element-wise, including ``g⊙g``): Adagrad ``−lr·g/(√s + ε)``, SGD ``−lr·g``."""
     if kernel == "sgd" or state is None:
         return grad * -lr
+    if kernel == "adagrad":
+        return grad * (-lr / (state.sqrt() + eps))
     return grad * (-lr / (state.sqrt() + eps))[:, None]
 
 
@@ -46,9 +58,10 @@ def plain_step_norm(
     kernel: str, lr: float, eps: float, grad: Tensor, state: Tensor | None
 ) -> Tensor:
     """``‖Δw_row‖`` of the fused kernel's plain update of each row by ``grad`` (U x D) from row
-    state ``state`` (U, the Adagrad sums *before* the step): row-wise Adagrad
-    ``lr·‖g‖/(√(s + mean_D g²) + ε)``, SGD ``lr·‖g‖``."""
-    after = None if state is None else state + grad.square().mean(dim=1)
+    state ``state`` (U, or U x D element-wise: the Adagrad sums *before* the step): row-wise
+    Adagrad ``lr·‖g‖/(√(s + mean_D g²) + ε)``, element-wise ``lr·‖g/(√(s + g⊙g) + ε)‖``, SGD
+    ``lr·‖g‖``."""
+    after = None if state is None else next_state(kernel, state, grad)
     return torch.linalg.vector_norm(plain_step(kernel, lr, eps, grad, after), dim=1)
 
 
@@ -69,10 +82,10 @@ def scaled_rowwise_step(
     ``(‖realised step‖, ‖plain step‖)`` (U each), else None."""
     ratio = ratio.to(mean_grad.dtype)
     grad = mean_grad if placement == "update" else mean_grad * ratio[:, None]
-    state_before = view.gather_states(rows) if kernel == "rowwise_adagrad" else None
+    state_before = view.gather_states(rows) if kernel != "sgd" else None
     state = None
     if state_before is not None:
-        state = state_before + grad.square().mean(dim=1)
+        state = next_state(kernel, state_before, grad)
         view.put_states_(rows, state)
     delta = plain_step(kernel, lr, eps, grad, state)
     plain = None
@@ -110,7 +123,10 @@ def step_difference_bound(
     ``‖δΔ‖ ≤ lr·√D·(2·r·‖δg‖/‖g‖ + |δr|)`` (later updates, with a larger ``s``, move less). A
     row whose gradient is mostly cancellation (a small ``‖g‖`` from many large terms) carries the
     relative error of its terms times that cancellation: the step amplifies it, and two
-    computations may differ by up to ``2·lr·√D`` on such a row. SGD: ``lr·(r·‖δg‖ + |δr|·‖g‖)``."""
+    computations may differ by up to ``2·lr·√D`` on such a row. SGD: ``lr·(r·‖δg‖ + |δr|·‖g‖)``.
+    Element-wise Adagrad (``adagrad``) normalises each element alone: an element near zero may
+    turn by any perturbation, so its bound is that largest one, ``2·lr·√D``, wherever the two
+    inputs differ at all."""
     delta = torch.linalg.vector_norm(mean - mean_other, dim=1)
     norm = torch.minimum(
         torch.linalg.vector_norm(mean, dim=1), torch.linalg.vector_norm(mean_other, dim=1)
@@ -120,6 +136,9 @@ def step_difference_bound(
     if kernel == "sgd":
         return lr * (r * delta + dr * norm)
     dim = mean.shape[1]
+    if kernel == "adagrad":
+        differs = (delta > 0) | (dr > 0)
+        return torch.where(differs, 2 * lr * dim**0.5, 0.0)
     unbounded = torch.where(delta > 0, float("inf"), 0.0)  # one of them is zero
     rel = torch.where(norm > 0, delta / norm.clamp_min(torch.finfo(norm.dtype).tiny), unbounded)
     # never above the largest move two steps of norm lr·√D can differ by
