@@ -9,6 +9,13 @@ the machine that would hold it (:class:`ResourceError`, a :class:`ConfigError` n
 fields of the parts that dominate), so that a job too big for the host is a clear error at
 submission, not an out-of-memory kill an hour in.
 
+With several ranks (or on a GPU) :func:`memory_plan` then places the tables' weights and
+optimizer state on the ranks the way ``run.sharding`` would (a model of torchrec's planner, not
+its own answer: see :func:`memory_plan`) and adds what every rank holds in full (dense layers,
+activations, the runtime); :func:`check_fits` refuses a plan whose largest rank exceeds the
+memory of one rank (a GPU's, or the host's divided by its ranks), naming that rank, its
+numbers and the fields that change it.
+
 The estimate is deliberately simple (float32 everywhere, a fixed factor for autograd's saved
 tensors): it is meant to catch a job off by orders of magnitude, not to plan a tight fit.
 """
@@ -42,6 +49,16 @@ DENSE_STATE = {
     "sgd": 1, "adam": 2, "adamw": 2, "adagrad": 1, "lars": 1, "lamb": 2,
     "vrsgd": 1, "vradam": 3, "vrlars": 1, "vrlamb": 3, "vradagrad": 1,
 }  # fmt: skip
+#: Optimizer state of the embedding tables by FBGEMM kernel (``SparseOptimConfig.kernel``):
+#: (float32 values per row, float32 values per weight). Row-wise Adagrad keeps one sum per row,
+#: full (element-wise) Adagrad one per weight.
+SPARSE_STATE: dict[str, tuple[int, int]] = {
+    "rowwise_adagrad": (1, 0), "sgd": (0, 0), "adagrad": (0, 1),
+}  # fmt: skip
+#: Memory of one GPU (``run.device: cuda``) when the caller does not say: an 80 GB card's.
+DEVICE_MEMORY_BYTES = 80 * GIB
+#: torchrec's narrowest column-wise shard (``torchrec.distributed.planner.constants.MIN_CW_DIM``).
+MIN_CW_DIM = 128
 #: A part counts as driving the estimate when it is at least this share of the total.
 DRIVER_SHARE = 0.25
 
@@ -112,6 +129,16 @@ def table_rows(cfg: TrainConfig) -> list[int] | None:
     return [min(c, k) for c, k in zip(cards, caps, strict=False)]
 
 
+def _row_bytes(cfg: TrainConfig, cols: int) -> tuple[int, int]:
+    """Bytes of one table row of ``cols`` columns: (weights, optimizer state, with the ``ema``
+    estimator's two floats)."""
+    sparse = cfg.optim.sparse
+    per_row, per_weight = SPARSE_STATE[sparse.kernel]
+    per_row += 2 if sparse.estimator == "ema" and sparse.gsnr else 0
+    weight = 2 if cfg.model.embedding_precision == "fp16" else FLOAT
+    return cols * weight, (per_row + per_weight * cols) * FLOAT
+
+
 def _mlp_params(widths: list[int], inputs: int) -> int:
     total = 0
     for w in widths:
@@ -136,13 +163,15 @@ def estimate(cfg: TrainConfig) -> Estimate:
         else ("data.max_rows_per_table", "model.embedding_dim")
     )
     if rows is not None:
-        per_row = dim + 1 + (2 if cfg.optim.sparse.estimator == "ema" else 0)  # + row state
+        per_row = sum(_row_bytes(cfg, dim))  # weights and optimizer state
         # tables are sharded over the nodes: a node holds its share (at least the largest table)
         share = max(sum(rows) / run.nnodes, max(rows))
-        parts.append(Part("embedding tables", int(share * per_row * FLOAT), table_fields))
+        parts.append(Part("embedding tables", int(share * per_row), table_fields))
 
-    # the rows one rank's share of the global batch touches, accumulated until the step
-    touched = run.global_batch // run.world_size * tables
+    # the rows one rank's share of the global batch touches (each id of a multi-hot bag),
+    # accumulated until the step
+    bags = getattr(data, "multi_hot_sizes", None)
+    touched = run.global_batch // run.world_size * (sum(bags) if bags else tables)
     if rows is not None:
         touched = min(touched, sum(rows))
     parts.append(
@@ -220,26 +249,191 @@ def host_memory_bytes() -> int:
     return total
 
 
-def check_fits(
-    cfg: TrainConfig, memory_bytes: int | None = None, where: str = "this host"
-) -> Estimate:
-    """Refuse (:class:`ResourceError`) a job whose estimate exceeds ``memory_bytes`` (default:
-    this host's memory). Jobs on GPUs hold their tables and activations in GPU memory, which
-    this host cannot measure before launch: only CPU jobs are checked."""
-    est = estimate(cfg)
-    if cfg.run.device != "cpu":
-        return est
-    limit = host_memory_bytes() if memory_bytes is None else memory_bytes
-    if est.total > limit:
-        fields = est.fields()
-        raise ResourceError(
-            f"the job needs about {gib(est.total)} of memory per node ({est.describe()}), "
-            f"more than the {gib(limit)} of {where}; make these fields smaller (or shard over "
-            "more nodes)",
-            fields,
+@dataclass(frozen=True)
+class RankMemory:
+    """What one rank holds: table weights, their optimizer state, the rest (replicated on every
+    rank: dense layers and their state, activations, the runtime), and which table shards."""
+
+    rank: int
+    tables: int
+    state: int
+    rest: int
+    shards: tuple[str, ...]
+
+    @property
+    def total(self) -> int:
+        return self.tables + self.state + self.rest
+
+    def describe(self) -> str:
+        return (
+            f"rank {self.rank}: {gib(self.total)} (tables {gib(self.tables)}, state "
+            f"{gib(self.state)}, the rest {gib(self.rest)})"
         )
-    logger.info("memory estimate %s per node (limit %s)", gib(est.total), gib(limit))
-    return est
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Memory of every rank of a job under one sharding type, against the memory of a rank."""
+
+    sharding: str
+    ranks: tuple[RankMemory, ...]
+    limit: int
+    #: What ``limit`` is, in words ("a GPU", "the host's ... over 2 ranks").
+    where: str
+    estimate: Estimate
+
+    def largest(self) -> RankMemory:
+        return max(self.ranks, key=lambda r: (r.total, -r.rank))
+
+    @property
+    def fits(self) -> bool:
+        return self.largest().total <= self.limit
+
+    def lines(self) -> list[str]:
+        """One line per rank, then what a rank may hold (for people, before launch)."""
+        head = (
+            f"memory plan: {len(self.ranks)} rank(s), {self.sharding} (a model of torchrec's "
+            f"planner), at most {gib(self.limit)} a rank ({self.where})"
+        )
+        return [head] + [f"  {r.describe()}" for r in self.ranks]
+
+
+def _shards(cfg: TrainConfig, rows: list[int], sharding: str, world: int) -> list[tuple]:
+    """The shards torchrec cuts for ``sharding``: (name, rows, cols, rank or None to place)."""
+    dim = cfg.model.embedding_dim
+    out: list[tuple] = []
+    for t, n in enumerate(rows):
+        if world == 1:
+            out.append((f"table {t} ({n:,} rows)", n, dim, 0))
+        elif sharding == "row_wise":  # ceil(rows / W) on the first ranks, the rest on the last
+            block = -(-n // world)
+            out += [
+                (f"table {t} rows {k * block:,}+", max(0, min(block, n - k * block)), dim, k)
+                for k in range(world)
+            ]
+        elif sharding in ("column_wise", "table_column_wise"):
+            # torchrec: blocks of the smallest divisor of D >= 128 that is a multiple of 4 (D
+            # itself when none): a 128-wide table is one shard
+            block = next((c for c in range(MIN_CW_DIM, dim) if dim % c == 0 and c % 4 == 0), dim)
+            name = f"table {t} ({n:,} rows)"
+            out += [(f"{name} columns {k * block}+", n, block, None) for k in range(dim // block)]
+        else:  # table_wise
+            out.append((f"table {t} ({n:,} rows)", n, dim, None))
+    return out
+
+
+def _plan_one(cfg: TrainConfig, rows: list[int], sharding: str, limit: int, where: str,
+              rest: int, est: Estimate) -> MemoryPlan:  # fmt: skip
+    world = cfg.run.world_size
+    weights, state = [0] * world, [0] * world
+    names: list[list[str]] = [[] for _ in range(world)]
+    shards = _shards(cfg, rows, sharding, world)
+    # largest first onto the least-loaded rank (the lowest of equals)
+    for name, n, cols, rank in sorted(shards, key=lambda s: -s[1] * s[2]):
+        if rank is None:
+            rank = min(range(world), key=lambda r: (weights[r] + state[r], r))
+        w, st = _row_bytes(cfg, cols)
+        weights[rank] += n * w
+        state[rank] += n * st
+        names[rank].append(name)
+    ranks = tuple(RankMemory(r, weights[r], state[r], rest, tuple(names[r])) for r in range(world))
+    return MemoryPlan(sharding, ranks, limit, where, est)
+
+
+def memory_plan(
+    cfg: TrainConfig,
+    memory_bytes: int | None = None,
+    device_memory_bytes: int | None = None,
+    est: Estimate | None = None,
+) -> MemoryPlan | None:
+    """Every rank's memory for ``cfg.run.sharding`` over W = nnodes x nproc_per_node ranks (None
+    when the tables' sizes are unknown).
+
+    A model of torchrec's planner, not its answer: ``table_wise`` puts whole tables, largest
+    first, onto the least-loaded rank; ``column_wise`` (and ``table_column_wise``) cut each
+    table as torchrec does (blocks of the smallest divisor of D that is >= 128 and a multiple of
+    4, the whole D when none: D = 128 is one block) and place the blocks the same way;
+    ``row_wise`` gives every rank ceil(rows / W) rows of every table. With several types
+    allowed, the plan with the smallest largest rank is shown (row_wise only on a GPU). Every
+    rank also holds the rest of :func:`estimate` in full (its parts per process; the cached data
+    stays on the host with ``run.device: cuda``).
+
+    A rank may hold ``device_memory_bytes`` on a GPU (default :data:`DEVICE_MEMORY_BYTES`), or
+    ``memory_bytes`` (default: this host's) divided by ``nproc_per_node`` on a CPU."""
+    rows = table_rows(cfg)
+    if rows is None:
+        return None
+    run = cfg.run
+    est = est or estimate(cfg)
+    gpu = run.device == "cuda"
+    host = [p for p in est.parts if p.name == "data in memory"] if gpu else []
+    rest = sum(p.bytes for p in est.parts if p.name != "embedding tables" and p not in host)
+    rest //= run.nproc_per_node
+    if gpu:
+        limit = DEVICE_MEMORY_BYTES if device_memory_bytes is None else device_memory_bytes
+        where = "the memory of a GPU"
+    else:
+        node = host_memory_bytes() if memory_bytes is None else memory_bytes
+        limit = node // run.nproc_per_node
+        where = f"{gib(node)} of host memory over {run.nproc_per_node} rank(s)"
+    allowed = [s for s in run.sharding if gpu or s != "row_wise"] or list(run.sharding)
+    plans = [_plan_one(cfg, rows, s, limit, where, rest, est) for s in allowed]
+    return min(plans, key=lambda p: p.largest().total)
+
+
+def _plan_fields(cfg: TrainConfig, plan: MemoryPlan) -> list[str]:
+    """The fields that change the largest rank: the sharding and the world size, then what sizes
+    the tables, then the drivers of the rest when the rest outweighs the tables."""
+    tables = "data.max_rows_per_table" if isinstance(cfg.data, CriteoData) else "data.cardinalities"
+    fields = ["run.sharding", "run.nproc_per_node", "run.nnodes", tables, "model.embedding_dim"]
+    big = plan.largest()
+    if big.rest > big.tables + big.state:
+        rest = Estimate(tuple(p for p in plan.estimate.parts if p.name != "embedding tables"))
+        fields += [f for f in rest.fields() if f not in fields]
+    return fields
+
+
+def check_fits(
+    cfg: TrainConfig,
+    memory_bytes: int | None = None,
+    where: str = "this host",
+    device_memory_bytes: int | None = None,
+) -> MemoryPlan | None:
+    """Refuse (:class:`ResourceError`) a job whose estimate exceeds ``memory_bytes`` (default:
+    this host's memory; checked for CPU jobs only), or whose :func:`memory_plan` has a rank
+    holding more than a rank may (a GPU's ``device_memory_bytes``, or the node's memory over
+    its ranks). Returns the plan (None when the tables' sizes are unknown)."""
+    est = estimate(cfg)
+    if cfg.run.device == "cpu":
+        limit = host_memory_bytes() if memory_bytes is None else memory_bytes
+        if est.total > limit:
+            fields = est.fields()
+            raise ResourceError(
+                f"the job needs about {gib(est.total)} of memory per node ({est.describe()}), "
+                f"more than the {gib(limit)} of {where}; make these fields smaller (or shard "
+                "over more nodes)",
+                fields,
+            )
+        logger.info("memory estimate %s per node (limit %s)", gib(est.total), gib(limit))
+        memory_bytes = limit
+    plan = memory_plan(cfg, memory_bytes, device_memory_bytes, est)
+    if plan is None:
+        return None
+    for line in plan.lines():
+        logger.info("%s", line)
+    if not plan.fits:
+        big = plan.largest()
+        world = len(plan.ranks)
+        shards = ", ".join(big.shards[:4]) + (", ..." if len(big.shards) > 4 else "")
+        raise ResourceError(
+            f"rank {big.rank} of {world} needs about {gib(big.total)} (tables {gib(big.tables)}, "
+            f"state {gib(big.state)}, the rest {gib(big.rest)}), more than the "
+            f"{gib(plan.limit)} a rank may use ({plan.where}); its table shards: {shards} "
+            f"({plan.sharding} over {world} rank(s), a model of torchrec's planner); shard "
+            "differently or over more ranks, or make the tables smaller",
+            _plan_fields(cfg, plan),
+        )
+    return plan
 
 
 def check_study_fits(study: StudyConfig, memory_bytes: int | None = None) -> None:

@@ -39,7 +39,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dlrm_vrgd.train import distributed
 
     cfg = load_config(args.config, args.set)
-    check_fits(cfg)  # a job too big for this host is refused before anything starts
+    # a job too big for this host (or a rank too big for its memory) is refused before anything
+    # starts; with several ranks or a GPU the launcher prints every rank's memory
+    plan = check_fits(cfg)
+    if plan is not None and not distributed.under_torchrun():
+        if cfg.run.world_size > 1 or cfg.run.device == "cuda":
+            print("\n".join(plan.lines()), file=sys.stderr, flush=True)
     if cfg.run.world_size > 1 and not distributed.under_torchrun():
         return _launch_torchrun(cfg, args)
     if distributed.under_torchrun():
