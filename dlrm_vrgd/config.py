@@ -354,6 +354,7 @@ SparseOptimizerName = Literal[
     "adagrad",
     "sgd",
     "gsnr_rowwise_adagrad",
+    "gsnr_adagrad",
     "gsnr_sgd",
     "cowclip_rowwise_adagrad",
     "cowclip_sgd",
@@ -407,9 +408,12 @@ class DenseOptimConfig(_Section):
 
 
 class SparseOptimConfig(_Section):
-    """Embedding-table optimizer: FBGEMM's fused EXACT_ROWWISE_ADAGRAD (``rowwise_adagrad``) or
-    EXACT_SGD (``sgd``); the ``gsnr_`` variants scale each row's step by its GSNR ratio
-    (DESIGN.md 4.3) with lower clip ``gamma`` and the ``step`` or ``ema`` estimator.
+    """Embedding-table optimizer: FBGEMM's fused EXACT_ROWWISE_ADAGRAD (``rowwise_adagrad``),
+    EXACT_ADAGRAD (``adagrad``: full, element-wise Adagrad, one sum per weight element, as
+    MLPerf DLRMv2's tables; fbgemm backend only) or EXACT_SGD (``sgd``); the ``gsnr_`` variants
+    scale each row's step by its GSNR ratio (DESIGN.md 4.3) with lower clip ``gamma`` and the
+    ``step`` or ``ema`` estimator (``gsnr_adagrad``: ``w −= lr·r_row·ḡ/(√s + ε)`` element-wise,
+    ``s += ḡ⊙ḡ`` unscaled).
     ``gsnr_placement: update`` (default) keeps the kernel's state on the unscaled gradient and
     scales the row's step; ``gradient`` hands ``r_row·ḡ_row`` to the kernel (the first design,
     whose damping row-wise Adagrad largely cancels; the same as ``update`` for ``sgd``).

@@ -204,10 +204,16 @@ def test_resume_at_the_last_step_evaluates_once(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "result.json").read_text())["steps"] == 4
 
 
-def test_resume_with_elementwise_adagrad_equals_uninterrupted(tmp_path: Path) -> None:
-    """``optim.sparse.name: adagrad`` (FBGEMM's EXACT_ADAGRAD): the checkpoint carries one Adagrad
-    sum per weight element, and a resumed run continues bit for bit."""
-    cfg = tiny_config("run.steps=5", "run.checkpoint_every=2", "optim.sparse.name=adagrad")
+@pytest.mark.parametrize("name", ["adagrad", "gsnr_adagrad"])
+def test_resume_with_elementwise_adagrad_equals_uninterrupted(tmp_path: Path, name: str) -> None:
+    """``optim.sparse.name: adagrad`` (FBGEMM's EXACT_ADAGRAD) and its GSNR form: the checkpoint
+    carries one Adagrad sum per weight element, and a resumed run continues bit for bit."""
+    cfg = tiny_config(
+        "run.steps=5",
+        "run.checkpoint_every=2",
+        f"optim.sparse.name={name}",
+        "optim.sparse.gamma=0.2",
+    )
     whole = train(cfg, tmp_path / "whole")
     with pytest.raises(RuntimeError):
         train(cfg, tmp_path / "crashed", callbacks=[CrashAt(3)])

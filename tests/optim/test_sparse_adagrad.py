@@ -114,3 +114,31 @@ def test_export_of_an_elementwise_adagrad_checkpoint_scores_as_the_trainer(tmp_p
     torch.testing.assert_close(exported_probs(tmp_path / "model", batches), want)
     fresh, _ = eval_probs(Trainer(cfg))
     assert not torch.allclose(fresh, want)
+
+
+@pytest.mark.parametrize("tables", [MIXED, CONSECUTIVE], ids=["mixed", "consecutive"])
+def test_gsnr_adagrad_scales_the_elementwise_step_by_the_row_ratio(
+    tables: list[tuple[int, int]],
+) -> None:
+    """``gsnr_adagrad`` (placement ``update``): ``s += ḡ⊙ḡ`` unscaled, ``w -= lr·r_row·ḡ/(√s+ε)``;
+    the ratios are the optimizer's own (tests/optim/test_sparse.py checks them)."""
+    ebc = make_ebc(tables)
+    w = [t.detach().clone().double() for t in ebc.table_weights()]
+    s = [torch.zeros(r, d, dtype=torch.float64) for r, d in tables]
+    k = 4
+    for step in range(2):
+        bags = random_bags([r for r, _ in tables], batch=8 * k, seed=21 + step)
+        upstream = torch.randn(8 * k, 16, generator=torch.Generator().manual_seed(step))
+        opt = deferred_step(ebc, bags, upstream, k=k, gsnr=True, gamma=0.25)
+        groups = reference_row_grads(bags, [0, 1, 2], tables, "sum", upstream.double() / 8, k)
+        for t in range(len(tables)):
+            rec = opt.last_rows[0][t]
+            assert rec.ratio.min() < 0.99  # some rows really are damped
+            g = groups[t].mean(0)
+            ratio = torch.ones(tables[t][0], dtype=torch.float64)
+            ratio[rec.rows] = rec.ratio.double()
+            s[t] += g * g
+            w[t] -= LR * ratio[:, None] * g / (s[t].sqrt() + EPS)
+    for t in range(len(tables)):
+        torch.testing.assert_close(ebc.row_states()[t].double(), s[t], rtol=1e-5, atol=1e-9)
+        torch.testing.assert_close(ebc.table_weights()[t].double(), w[t], rtol=1e-5, atol=1e-6)
