@@ -111,6 +111,10 @@ class GroupGSNROptimizer(Optimizer):
         self._blocks: list[Tensor] = []
         self._summary: list[dict[str, Any]] | None = None
         self._warned_single_group = False
+        self._warned_identical = False
+        #: Set by each step on several ranks: every rank collected bit-identical gradients
+        #: (a DDP loop without ``no_sync()``; see :meth:`_check_identical`).
+        self.identical_across_ranks = False
         self._group_norms = GroupSqNorms(p for g in self.param_groups for p in g["params"])
         self._noise: NoisePieces | None = None
         #: Keep the gradient noise scale's sums (off: :meth:`noise_pieces` is None).
@@ -181,9 +185,15 @@ class GroupGSNROptimizer(Optimizer):
                 if p not in store:  # keep every rank's layout identical
                     store[p] = torch.zeros_like(p, dtype=torch.float32)
         norms = self._group_norms.total
+        device = params[0].device
+        world = dist.get_world_size(self.process_group)
+        # this rank's fingerprint of its local sums in its own slots, zeros elsewhere: the sum
+        # below hands every rank every rank's fingerprint, bit for bit (x + 0 is exact)
+        slots = torch.zeros(world, 2, dtype=torch.float32, device=device)
+        slots[dist.get_rank(self.process_group)] = _fingerprint([self._sums[p] for p in params])
         flat = torch.cat(
             [store[p].reshape(-1) for store in stores for p in params]
-            + [norms.to(params[0].device), torch.tensor([float(k)], device=params[0].device)]
+            + [norms.to(device), slots.reshape(-1), torch.tensor([float(k)], device=device)]
         )
         dist.all_reduce(flat, group=self.process_group)
         offset = 0
@@ -193,7 +203,29 @@ class GroupGSNROptimizer(Optimizer):
                 buffers[p].copy_(flat[offset : offset + n].view_as(p))
                 offset += n
         norms.copy_(flat[offset : offset + norms.numel()])
-        return int(round(float(flat[-1])))
+        tail = flat[offset + norms.numel() :].tolist()  # the fingerprints and k: one copy
+        self._check_identical([tuple(tail[2 * r : 2 * r + 2]) for r in range(world)])
+        return int(round(tail[-1]))
+
+    def _check_identical(self, prints: list[tuple[float, ...]]) -> None:
+        """Warn (once) when every rank collected bit-identical gradients (``prints``: each
+        rank's :func:`_fingerprint`): under DDP that is a loop without ``no_sync()``, whose
+        backward averaged each micro-batch's gradient across the ranks before :meth:`collect`
+        saw it; the groups are then copies of one another and the GSNR is overstated (the
+        degenerate ratio 1 everywhere with one micro-batch a rank)."""
+        world = len(prints)
+        same = world > 1 and prints[0][1] != 0 and all(f == prints[0] for f in prints)
+        self.identical_across_ranks = same
+        if same and not self._warned_identical:
+            logger.warning(
+                "VRGD step: the %d ranks collected identical gradients. Under "
+                "DistributedDataParallel, run every micro-batch's forward and backward inside "
+                "`with model.no_sync():` (the optimizer all-reduces its own sums at step()); "
+                "otherwise DDP averages each micro-batch across ranks before collect() and the "
+                "GSNR is overstated. (Or the ranks read the same rows.)",
+                world,
+            )
+            self._warned_identical = True
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -352,6 +384,15 @@ class GroupGSNROptimizer(Optimizer):
             out.append(entry)
         self._summary = out
         return out
+
+
+def _fingerprint(sums: list[Tensor]) -> Tensor:
+    """Two float32 numbers of a rank's local sums ``S``: ``Σ S`` and ``Σ |S|`` (per tensor in
+    its dtype, across tensors in float64). Two ranks' are bit-identical in practice only when
+    their sums are: the check of :meth:`GroupGSNROptimizer._check_identical`."""
+    first = torch.stack([s.sum() for s in sums]).double().sum()
+    second = torch.stack(torch._foreach_norm(sums, 1)).double().sum()
+    return torch.stack([first, second]).float()
 
 
 def _clone_state(state: dict[str, Any]) -> dict[str, Any]:
