@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dlrm_vrgd.optim.vrgd import VRAdam, VRSGD
+from dlrm_vrgd.optim.vrgd import VRSGD, VRAdam
 
 from ..dist_utils import run_ranks
 
