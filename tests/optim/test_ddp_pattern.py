@@ -119,3 +119,25 @@ def test_forgotten_no_sync_is_detected_and_warned(tmp_path: Path) -> None:
     # and the forgetful loop did train differently (averaged groups: a smaller spread)
     diff = max((out[0]["state"][k] - ref[k]).abs().max().item() for k in ref)
     assert diff > 1e-4
+
+
+def test_lr_scheduler_drives_the_group_lr() -> None:
+    """docs/library.md's scheduler claim: a ``torch.optim.lr_scheduler`` steps a VRGD optimizer
+    as it steps ``torch.optim`` (γ = 1: VR-SGD is SGD on the mean of the groups' gradients)."""
+    a, b = make_model(), make_model()
+    vr = VRSGD(a.named_parameters(), lr=0.1, momentum=0.9, gamma=1.0)
+    sgd = torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 0.5**s) for o in (vr, sgd)]
+    for step in range(STEPS):
+        for group in range(A):
+            loss_of(a, *rows(step, group)).backward()
+            vr.collect()
+        sum(loss_of(b, *rows(step, g)) for g in range(A)).div(A).backward()
+        sgd.step()
+        sgd.zero_grad()
+        vr.step()
+        for s in scheds:
+            s.step()
+    assert vr.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**STEPS)
+    for (key, want), got in zip(b.state_dict().items(), a.state_dict().values(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=key)
