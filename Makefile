@@ -50,12 +50,12 @@ reference: setup
 	$(BIN)/python docs/gen_api_reference.py
 
 lint: setup
-	$(BIN)/ruff check dlrm_vrgd service tests bench docs/*.py docs/study/*.py
-	$(BIN)/ruff format --check dlrm_vrgd service tests bench docs/*.py docs/study/*.py
+	$(BIN)/ruff check dlrm_vrgd service tests bench examples docs/*.py docs/study/*.py
+	$(BIN)/ruff format --check dlrm_vrgd service tests bench examples docs/*.py docs/study/*.py
 
 format: setup
-	$(BIN)/ruff check --fix dlrm_vrgd service tests bench docs/*.py docs/study/*.py
-	$(BIN)/ruff format dlrm_vrgd service tests bench docs/*.py docs/study/*.py
+	$(BIN)/ruff check --fix dlrm_vrgd service tests bench examples docs/*.py docs/study/*.py
+	$(BIN)/ruff format dlrm_vrgd service tests bench examples docs/*.py docs/study/*.py
 
 clean:
 	rm -rf $(VENV) runs models site .pytest_cache .ruff_cache

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from dlrm_vrgd.train.resume import check_resume
-
 from dlrm_vrgd.train.run import train
 
 from ..conftest import tiny_config
