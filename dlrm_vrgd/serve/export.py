@@ -84,8 +84,9 @@ def _stopped(run_dir: Path) -> str:
     return f" (status.json: {state} at step {step})"
 
 
-def scoring_model(full: FullState) -> m.ScoringModel:
-    """A :class:`ScoringModel` holding the checkpoint's weights."""
+def scoring_model(full: FullState, bag_sizes: list[int] | None = None) -> m.ScoringModel:
+    """A :class:`ScoringModel` holding the checkpoint's weights (``bag_sizes``: of a
+    multi-hot model, whose rows are the bags of its tables side by side)."""
     cfg = parse_config(full.config, "checkpoint config")
     tables = list(full.tables.values())
     dims = {t.dim for t in tables}
@@ -93,7 +94,7 @@ def scoring_model(full: FullState) -> m.ScoringModel:
         raise ExportError(f"tables of dims {sorted(dims)}, config says {cfg.model.embedding_dim}")
     dense = list(full.dense.items())
     num_dense = int(dense[0][1].shape[1])
-    arch = arch_of(cfg.to_dict(), [t.rows for t in tables], num_dense)
+    arch = arch_of(cfg.to_dict(), [t.rows for t in tables], num_dense, bag_sizes)
     model = m.ScoringModel(**arch)
     params = list(model.named_parameters())
     if len(params) != len(dense):
@@ -109,8 +110,15 @@ def scoring_model(full: FullState) -> m.ScoringModel:
     return model.eval()
 
 
-def arch_of(config: dict[str, Any], table_rows: list[int], num_dense: int) -> dict[str, Any]:
+def arch_of(
+    config: dict[str, Any],
+    table_rows: list[int],
+    num_dense: int,
+    bag_sizes: list[int] | None = None,
+) -> dict[str, Any]:
+    """``model.json``: ScoringModel's arguments (``bag_sizes`` only for a multi-hot model)."""
     mc = config["model"]
+    bags = {} if bag_sizes is None else {"bag_sizes": [int(b) for b in bag_sizes]}
     return {
         "arch": mc["arch"],
         "table_rows": table_rows,
@@ -120,6 +128,7 @@ def arch_of(config: dict[str, Any], table_rows: list[int], num_dense: int) -> di
         "over_arch": list(mc["over_arch"]),
         "dcn_num_layers": mc["dcn_num_layers"],
         "dcn_low_rank_dim": mc["dcn_low_rank_dim"],
+        **bags,
     }
 
 
@@ -138,7 +147,7 @@ def export_program(
     else:
         assert isinstance(model, m.ScoringModel)
         dense = torch.zeros(n, model.dense_arch[0].in_features)
-        args = (dense, torch.zeros(n, len(model.table_rows), dtype=torch.int64))
+        args = (dense, torch.zeros(n, model.width, dtype=torch.int64))
         names = ("dense", "sparse")
     batch = torch.export.Dim("batch", min=1, max=1 << 30)
     program = torch.export.export(model, args, dynamic_shapes={k: {0: batch} for k in names})
@@ -166,18 +175,20 @@ def export_model(
         full = gather_checkpoint(path)
     except ckpt.CheckpointError as err:
         raise ExportError(f"cannot export: {err}") from None
-    model = scoring_model(full)
     cfg = parse_config(full.config, "checkpoint config")
+    table_rows = [t.rows for t in full.tables.values()]
+    num_dense = int(next(iter(full.dense.values())).shape[1])
     try:
-        layout, vocab = layout_of_run(cfg, model.table_rows, model.dense_arch[0].in_features)
+        layout, vocab = layout_of_run(cfg, table_rows, num_dense)
     except FeatureError as err:
         raise ExportError(f"cannot export: {err}") from None
+    model = scoring_model(full, layout.multi_hot_sizes)
 
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        arch = arch_of(full.config, model.table_rows, model.dense_arch[0].in_features)
+        arch = arch_of(full.config, model.table_rows, num_dense, model.bag_sizes)
         _write_json(staging / m.ARCH, arch)
         _write_json(staging / m.CONFIG, full.config)
         _write_json(staging / m.FEATURES, layout.to_dict())
@@ -186,7 +197,7 @@ def export_model(
             np.save(staging / m.VOCAB, vocab)
         if program:
             export_program(model, staging / m.PROGRAM)
-            if layout.raw_rows:  # the input transform in the graph: raw integers in
+            if layout.raw_graph:  # the input transform in the graph: raw integers in
                 raw = RawScoringModel(RawFeaturizer(layout, vocab), model)
                 export_program(raw, staging / m.RAW_PROGRAM, len(model.table_rows), raw=True)
         if onnx:

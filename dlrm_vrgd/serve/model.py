@@ -2,10 +2,14 @@
 
 :class:`ScoringModel` is the trained click model for inference: ``forward(dense, sparse)`` with
 ``dense`` ``B x 13`` float32 (already transformed, as in the day files) and ``sparse`` ``B x 26``
-int64 table-local row ids gives ``B`` click probabilities. Its layers are those of
+int64 table-local row ids gives ``B`` click probabilities. A multi-hot model (``bag_sizes`` in
+``model.json``) takes ``sparse`` ``B x L``, ``L = Σ bag_sizes``: each table's bag of ids side by
+side (table 0's first, as training's rows), pooled by sum as training pools them. Its layers
+are those of
 :mod:`dlrm_vrgd.torch_model` (which mirrors torchrec's DLRM / DLRM_DCN exactly); the tables are
 one ``Σrows x D`` buffer read with ``index_select`` (one id per table and row: sum pooling of a
-single id is the row itself). Nothing here imports torchrec or FBGEMM.
+single id is the row itself; multi-hot: the rows of a bag summed). Nothing here imports torchrec
+or FBGEMM.
 
 A model directory (written by :mod:`dlrm_vrgd.serve.export`)::
 
@@ -40,7 +44,7 @@ import torch
 from torch import nn
 
 from dlrm_vrgd import safejson
-from dlrm_vrgd.serve.features import FeatureLayout
+from dlrm_vrgd.serve.features import MULTI_HOT_KEYS, SYNTHESIS, FeatureLayout
 from dlrm_vrgd.torch_model import LowRankCrossNet, mlp
 
 MODEL_FORMAT = "dlrm-vrgd/model"
@@ -84,6 +88,7 @@ class ScoringModel(nn.Module):
         dcn_num_layers: int = 3,
         dcn_low_rank_dim: int = 16,
         meta_tables: bool = False,
+        bag_sizes: list[int] | None = None,
     ) -> None:
         super().__init__()
         if arch not in ("dlrm", "dlrm_dcn"):
@@ -93,6 +98,20 @@ class ScoringModel(nn.Module):
         num_sparse, dim = len(self.table_rows), embedding_dim
         starts = torch.tensor([0, *self.table_rows[:-1]], dtype=torch.int64).cumsum(0)
         self.register_buffer("row_offsets", starts)
+        #: multi-hot: the fixed bag size of each table (ids a row: ``L = Σ bag_sizes``)
+        self.bag_sizes = None if bag_sizes is None else [int(b) for b in bag_sizes]
+        if self.bag_sizes is not None:
+            if len(self.bag_sizes) != num_sparse or min(self.bag_sizes) < 1:
+                raise ModelError(
+                    f"model.json: bag_sizes {self.bag_sizes} are not one size >= 1 for each of "
+                    f"the {num_sparse} tables"
+                )
+            # each id column's table start, and each bag's columns [a, b)
+            first = [0, *np.cumsum(self.table_rows[:-1]).tolist()]
+            cols = np.repeat(np.asarray(first, dtype=np.int64), self.bag_sizes)
+            self.register_buffer("col_offsets", torch.from_numpy(cols), persistent=False)
+            ends = np.cumsum(self.bag_sizes).tolist()
+            self.bounds = list(zip([0, *ends[:-1]], ends, strict=True))
         # meta_tables: no storage for the tables, for loading them with assign=True
         weight = torch.empty(sum(self.table_rows), dim, device="meta" if meta_tables else None)
         self.register_buffer("weight", weight if meta_tables else weight.zero_())
@@ -116,10 +135,31 @@ class ScoringModel(nn.Module):
         """Views of the embedding tables, one ``rows x D`` tensor each."""
         return list(self.weight.split(self.table_rows))
 
-    def logits(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+    @property
+    def width(self) -> int:
+        """Ids a row: one a table, or (multi-hot) the sum of the bag sizes."""
+        return len(self.table_rows) if self.bag_sizes is None else sum(self.bag_sizes)
+
+    def embeddings(self, sparse: torch.Tensor) -> torch.Tensor:
+        """``B x T x D``: each table's row (one-hot ``B x T`` ids), or the sum of its bag's
+        rows (multi-hot ``B x L``: the bags side by side, table 0's first), as training's sum
+        pooling."""
         n, t = sparse.shape
-        rows = (sparse + self.row_offsets).reshape(-1)
-        emb = self.weight.index_select(0, rows).view(n, t, -1)  # B x T x D
+        if self.bag_sizes is None:
+            rows = (sparse + self.row_offsets).reshape(-1)
+            return self.weight.index_select(0, rows).view(n, t, -1)
+        if t != self.width:
+            raise ValueError(
+                f"a multi-hot model takes {self.width} ids a row (bag sizes {self.bag_sizes}), "
+                f"got sparse of shape {tuple(sparse.shape)}"
+            )
+        rows = (sparse + self.col_offsets).reshape(-1)
+        ids = self.weight.index_select(0, rows).view(n, t, -1)  # B x L x D
+        return torch.stack([ids[:, a:b].sum(1) for a, b in self.bounds], dim=1)
+
+    def logits(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        n = sparse.shape[0]
+        emb = self.embeddings(sparse)  # B x T x D
         d = self.dense_arch(dense)
         combined = torch.cat([d.unsqueeze(1), emb], dim=1)
         if self.arch == "dlrm":
@@ -155,6 +195,10 @@ _ARCH_KEYS = (
     "arch", "table_rows", "embedding_dim", "num_dense", "dense_arch", "over_arch",
     "dcn_num_layers", "dcn_low_rank_dim",
 )  # fmt: skip
+#: model.json keys of multi-hot models only (absent: one id a table)
+_OPTIONAL_ARCH_KEYS = ("bag_sizes",)
+#: largest bag of a multi-hot table (ids a row of it)
+_MAX_BAG = 1 << 16
 _MAX_SIZE = 1 << 40  # any one count of model.json (rows of all tables included)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _MAX_JSON_BYTES = 16 << 20  # model.json / features.json / config.json / manifest.json
@@ -308,8 +352,17 @@ def _verify_file(path: Path, meta: dict[str, Any]) -> None:
 def _arch_problem(arch: Any) -> str | None:
     if not isinstance(arch, dict):
         return f"a JSON {type(arch).__name__}, not an object"
-    if set(arch) != set(_ARCH_KEYS):
-        return f"keys are not exactly {list(_ARCH_KEYS)}"
+    if not set(_ARCH_KEYS) <= set(arch) <= set(_ARCH_KEYS + _OPTIONAL_ARCH_KEYS):
+        return f"keys are not exactly {list(_ARCH_KEYS)} (and bag_sizes for a multi-hot model)"
+    if "bag_sizes" in arch:
+        bags = arch["bag_sizes"]
+        if (
+            not isinstance(bags, list)
+            or not isinstance(arch["table_rows"], list)
+            or len(bags) != len(arch["table_rows"])
+            or not all(_is_int(b, 1) and b <= _MAX_BAG for b in bags)
+        ):
+            return f"bag_sizes is not one size (1 to {_MAX_BAG}) for each table of table_rows"
     if arch["arch"] not in ("dlrm", "dlrm_dcn"):
         return "arch is not dlrm or dlrm_dcn"
     for key in ("embedding_dim", "num_dense", "dcn_num_layers", "dcn_low_rank_dim"):
@@ -333,9 +386,31 @@ def _arch_problem(arch: Any) -> str | None:
 
 def _layout(raw: Any, arch: dict[str, Any], has_vocab: bool) -> FeatureLayout:
     fields = {f.name: f for f in dataclasses.fields(FeatureLayout)}
-    if not isinstance(raw, dict) or set(raw) != set(fields):
-        raise ModelError(f"{FEATURES}: not an object with exactly the keys {sorted(fields)}")
+    required = set(fields) - set(MULTI_HOT_KEYS)
+    if not isinstance(raw, dict) or not required <= set(raw) <= set(fields):
+        raise ModelError(
+            f"{FEATURES}: not an object with exactly the keys {sorted(required)} (and "
+            f"{list(MULTI_HOT_KEYS)} for a multi-hot model)"
+        )
     t = len(arch["table_rows"])
+    bags = arch.get("bag_sizes")
+    if bags is None and any(k in raw for k in MULTI_HOT_KEYS):
+        raise ModelError(f"{FEATURES}: multi-hot keys for a model of one id a table (model.json)")
+    if bags is not None:
+        if set(MULTI_HOT_KEYS) - set(raw):
+            raise ModelError(f"{FEATURES}: no {list(MULTI_HOT_KEYS)} for a multi-hot model")
+        synth, seed = raw["multi_hot_synthesis"], raw["multi_hot_seed"]
+        if raw["multi_hot_sizes"] != bags:
+            raise ModelError(
+                f"{FEATURES}: multi_hot_sizes differ from model.json's bag_sizes {bags}"
+            )
+        if not (synth is None and seed is None) and not (
+            synth == SYNTHESIS and _is_int(seed) and seed < 1 << 32
+        ):
+            raise ModelError(
+                f"{FEATURES}: multi_hot_synthesis / multi_hot_seed are not {SYNTHESIS!r} and a "
+                "seed, or both null"
+            )
 
     def int_list(v: Any, lo: int) -> bool:
         return isinstance(v, list) and len(v) in (1, t) and all(_is_int(x, lo) for x in v)

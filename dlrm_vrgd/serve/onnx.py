@@ -121,10 +121,13 @@ def graphs(
     g = torch.Generator().manual_seed(seed)
     n, rows = CHECK_ROWS, torch.tensor(model.table_rows)
     dense = torch.randn(n, model.dense_arch[0].in_features, generator=g)
+    if model.bag_sizes is not None:  # multi-hot: B x L, each column its table's rows
+        rows = rows.repeat_interleave(torch.tensor(model.bag_sizes))
     sparse = (torch.rand(n, len(rows), generator=g) * rows).long()
     sparse[0], sparse[1] = 0, rows - 1
     out = [Graph(m.ONNX, model, {"dense": dense, "sparse": sparse})]
-    if layout.raw_rows:
+    if layout.raw_graph:
+        rows = torch.tensor(model.table_rows)
         dense_raw = torch.randint(-10, 5000, (n, layout.num_dense), generator=g)
         ids_raw = torch.randint(0, 1 << 32, (n, len(rows)), generator=g)
         if vocab is not None and len(vocab):  # a third of the ids kept ones (found by search)

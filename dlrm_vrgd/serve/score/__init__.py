@@ -42,7 +42,14 @@ from dlrm_vrgd.data.criteo.format import (
 from dlrm_vrgd.rundir import atomic_write_json
 from dlrm_vrgd.serve import model as m
 from dlrm_vrgd.serve.features import FeatureError, FeatureMapper
-from dlrm_vrgd.serve.score.days import DaysInput, Split, open_days, score_days, select_rows
+from dlrm_vrgd.serve.score.days import (
+    DaysInput,
+    Split,
+    check_bags,
+    open_days,
+    score_days,
+    select_rows,
+)
 from dlrm_vrgd.serve.score.engine import Engine, load_engine
 from dlrm_vrgd.serve.score.progress import Progress
 from dlrm_vrgd.serve.score.raw import BLOCK_BYTES, RawInput, open_raw, score_raw
@@ -172,11 +179,15 @@ def score(
         if isinstance(src, DaysInput):
             mapper.check_days(src.manifest, str(src.path))
             trained = select_rows(src, config, days, split)
+            check_bags(src, mapper)
             training_days += [f"{src.path}/day_{d}" for d in trained]
         elif not layout.raw_rows:
             why = (
                 "it was trained on synthetic data"
                 if layout.source != "criteo"
+                else "it was trained on materialized multi-hot ids and does not record how "
+                "they were made from one-hot ids"
+                if not layout.one_hot_rows
                 else "its frequency-threshold vocabulary was not saved by preprocess"
             )
             raise FeatureError(f"{src.path}: the model cannot map raw Criteo rows ({why})")

@@ -176,6 +176,46 @@ def _segments(src: DaysInput) -> Iterator[tuple[str, Any, int, int]]:
         yield f"{src.path}/day_{index}", by_index[index], start, stop
 
 
+def check_bags(src: DaysInput, mapper: FeatureMapper) -> None:
+    """Refuse days whose ids the model cannot take: multi-hot days of other bag sizes than
+    the model's (or for a one-hot model), one-hot days for a multi-hot model that does not
+    carry its synthesis. Each error names the file."""
+    want = mapper.bags
+    for day in _open_store(src).days:
+        if src.segments is not None and day.index not in {d for d, _, _ in src.segments}:
+            continue
+        if day.multi_hot is not None:
+            path = src.path / _day_file(src, day.index, "sparse_multi_hot")
+            got = list(day.bag_sizes or ())
+            if want is None:
+                raise FeatureError(
+                    f"{path}: multi-hot ids (bag sizes {got}); the model takes one id a table"
+                )
+            if got != list(want):
+                raise FeatureError(
+                    f"{path}: bag sizes {got}, the model's (features.json multi_hot_sizes) are "
+                    f"{list(want)}"
+                )
+        elif want is not None and not mapper.layout.one_hot_rows:
+            mapper.synthesis()  # raises: the model cannot make bags of one-hot ids
+
+
+def _day_file(src: DaysInput, day: int, kind: str) -> str:
+    for rec in src.manifest["days"]:
+        if rec["day"] == day:
+            return str(rec["files"][kind]["file"])
+    return f"day_{day}"
+
+
+def _day_sparse(name: str, day: Any, a: int, b: int, mapper: FeatureMapper) -> np.ndarray:
+    """The model's ids of rows ``[a, b)`` of a day: one-hot ids capped (and made multi-hot
+    by the model's synthesis), or a multi-hot day's bags side by side, capped per column."""
+    if day.multi_hot is None:
+        return mapper.model_ids(mapper.day_ids(np.array(day.sparse[a:b], dtype=np.int64)))
+    ids = np.concatenate([np.asarray(m[a:b], dtype=np.int64) for m in day.multi_hot], axis=1)
+    return mapper.day_ids(ids)
+
+
 def score_days(
     src: DaysInput,
     mapper: FeatureMapper,
@@ -189,7 +229,7 @@ def score_days(
     for name, day, start, stop in _segments(src):
         for a in range(start, stop, step):
             b = min(a + step, stop)
-            sparse = mapper.day_ids(np.array(day.sparse[a:b], dtype=np.int64))
+            sparse = _day_sparse(name, day, a, b, mapper)
             probs = predict(np.array(day.dense[a:b]), sparse)
             labels = np.asarray(day.labels[a:b, 0], dtype=np.int32) if day.labeled else None
             rows = np.arange(a + 1, b + 1, dtype=np.int64)  # 1-based rows of the day

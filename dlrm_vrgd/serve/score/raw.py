@@ -174,7 +174,7 @@ def score_raw(
         parsed = parse_block(block, layout, opts)
         lines = block_lines(block, parsed)
         ids = first_fields(block, lines, layout.delimiter) if layout.has_id else None
-        sparse = mapper.raw_ids(parsed.sparse) if len(parsed) else parsed.sparse
+        sparse = mapper.model_ids(mapper.raw_ids(parsed.sparse)) if len(parsed) else None
         return parsed, lines, ids, sparse
 
     next_line = 2 if layout.has_header else 1
