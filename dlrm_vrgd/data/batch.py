@@ -34,10 +34,10 @@ def feature_names(num_tables: int) -> list[str]:
 
 @dataclass
 class Batch:
-    """``dense`` B x F float32, ``sparse`` B x T int64 (one id per table; multi-hot: B x L, the
-    bags of ``bags`` side by side), ``labels`` B float32, ``probs`` B float32 true click
-    probabilities when the data is synthetic; ``bags``: the fixed bag sizes of multi-hot data
-    (None: one-hot)."""
+    """``dense`` B x F float32, ``sparse`` B x T int64 (one id per table; multi-hot: the ``B·L``
+    ids of ``bags`` in table order, the KJT's values, :mod:`~dlrm_vrgd.data.multihot`),
+    ``labels`` B float32, ``probs`` B float32 true click probabilities when the data is
+    synthetic; ``bags``: the fixed bag sizes of multi-hot data (None: one-hot)."""
 
     dense: torch.Tensor
     sparse: torch.Tensor
@@ -49,7 +49,7 @@ class Batch:
     def from_rows(rows: Rows) -> Batch:
         return Batch(
             dense=torch.from_numpy(np.ascontiguousarray(rows.dense, dtype=np.float32)),
-            sparse=torch.from_numpy(np.ascontiguousarray(rows.sparse, dtype=np.int64)),
+            sparse=torch.from_numpy(batch_sparse(rows)),
             labels=torch.from_numpy(np.ascontiguousarray(rows.labels, dtype=np.float32)),
             probs=None if rows.probs is None else torch.from_numpy(rows.probs),
             bags=rows.bags,
@@ -82,6 +82,18 @@ class Batch:
             offsets=torch.arange(n * t + 1, dtype=torch.int64, device=self.sparse.device),
             stride=n,
         )
+
+
+def batch_sparse(rows: Rows) -> np.ndarray:
+    """The ids of a micro-batch of ``rows`` as int64: ``N x T`` one-hot, or the ``N·L``
+    multi-hot ids in table order (:func:`~dlrm_vrgd.data.multihot.batch_ids`)."""
+    if rows.bags is None:
+        return np.ascontiguousarray(rows.sparse, dtype=np.int64)
+    from dlrm_vrgd.data.multihot import batch_ids
+
+    out = np.empty(len(rows) * rows.bags.width, dtype=np.int64)
+    batch_ids(rows, out)
+    return out
 
 
 class TrainStream:
@@ -135,9 +147,13 @@ class TrainStream:
             pos += take
 
     def rows(self, step: int, group: int) -> Rows:
-        """The ``B`` rows of group ``group`` of global step ``step``."""
+        """The ``B`` rows of group ``group`` of global step ``step``. Rows that the multi-hot
+        synthesis makes come one-hot (``hot`` set; :meth:`Rows.materialized` makes them): the
+        micro-batch's fill makes their bags once, in the KJT's table order
+        (:mod:`~dlrm_vrgd.data.multihot`)."""
         start = step * self.global_batch + group * self.micro_batch
         if not 0 <= group * self.micro_batch < self.global_batch:
             raise IndexError(f"group {group} outside a global batch of {self.global_batch}")
-        parts = [self.source.read(a, b) for a, b in self._segments(start, start + self.micro_batch)]
+        read = getattr(self.source, "read_one_hot", self.source.read)
+        parts = [read(a, b) for a, b in self._segments(start, start + self.micro_batch)]
         return Rows.concat(parts)

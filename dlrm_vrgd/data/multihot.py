@@ -2,16 +2,20 @@
 multi-hot ids from one-hot ids, and the static KeyedJaggedTensor layout of a multi-hot batch.
 
 **Rows.** With ``data.multi_hot_sizes`` = ``(s_0, .., s_{T-1})`` a row holds ``L = Σ s_k`` ids:
-``sparse`` is ``N x L``, the ``s_0`` ids of table 0's bag first, then table 1's, and so on
-(:class:`BagLayout`). Rows stay rows: they are sliced, concatenated, shuffled and sharded by
-:class:`~dlrm_vrgd.data.batch.TrainStream` and carried by the input pipeline exactly as one-hot
-rows (``L`` columns instead of ``T``).
+a source's ``sparse`` is ``N x L``, the ``s_0`` ids of table 0's bag first, then table 1's, and
+so on (:class:`BagLayout`). Rows made by the synthesis stay one-hot (``N x T``, with
+:attr:`~dlrm_vrgd.data.rows.Rows.hot` set) while :class:`~dlrm_vrgd.data.batch.TrainStream`
+slices, joins and shards them for the input pipeline, and become multi-hot where the
+micro-batch is filled.
 
-**Batches.** The bag sizes do not change from batch to batch, so the KeyedJaggedTensor's
-lengths, offsets, per-key lengths and the gather that puts a ``B x L`` batch into table-major
-order are made once per micro-batch size and device (:meth:`BagLayout.parts`), never per batch:
-:meth:`BagLayout.kjt` only moves the ids into table order (one ``index_select`` on a GPU, one
-block copy a table on a CPU).
+**Batches.** A multi-hot micro-batch's ids are in the KJT's order (table-major): table 0's
+``B x s_0`` bags row by row, then table 1's, ..., one flat ``B·L`` array (the pinned int32 slot,
+the copy to the GPU, :attr:`~dlrm_vrgd.data.batch.Batch.sparse`). :func:`batch_ids` writes
+them there: the synthesis one ``take`` a table straight into its block, stored ``N x L`` rows
+one block copy a table. The bag sizes do not change from batch to batch, so the
+KeyedJaggedTensor's lengths, offsets and per-key lengths are made once per micro-batch size and
+device (:meth:`BagLayout.parts`), and :meth:`BagLayout.kjt` takes the ids as they are (no
+reorder, no host sync).
 
 **Synthesis** (MLPerf's ``Multihot`` and ``materialize_synthetic_multihot_dataset.py``,
 ``mlcommons/training`` ``recommendation_v2/torchrec_dlrm``, uniform distribution): with numpy's
@@ -106,40 +110,60 @@ class BagLayout:
                 got = self._cache[key] = BagParts.make(self.sizes, rows, torch.device(device))
             return got
 
+    def rows_of(self, sparse: torch.Tensor) -> int:
+        """``B`` of a batch's ids: ``B·L`` table-major (1-d) or ``B x L`` rows (2-d)."""
+        if sparse.dim() == 1 and sparse.numel() % self.width == 0:
+            return sparse.numel() // self.width
+        if sparse.dim() == 2 and sparse.shape[1] == self.width:
+            return sparse.shape[0]
+        raise ValueError(
+            f"a multi-hot batch has {self.width} ids a row (bag sizes {list(self.sizes)}), "
+            f"got sparse of shape {tuple(sparse.shape)}"
+        )
+
     def values(self, sparse: torch.Tensor) -> torch.Tensor:
-        """``B x L`` row-major ids as KJT values: table by table, row by row. On a GPU one
-        gather by the static order; on a CPU one strided block copy a table (a gather costs
-        1.7 µs a row there at MLPerf's 214 ids, the copies 1.2; bench/input.py)."""
-        if sparse.dim() != 2 or sparse.shape[1] != self.width:
-            raise ValueError(
-                f"a multi-hot batch has {self.width} ids a row (bag sizes {list(self.sizes)}), "
-                f"got sparse of shape {tuple(sparse.shape)}"
-            )
+        """A batch's ids as KJT values (table by table, row by row): ``B·L`` table-major ids
+        (what the input pipeline builds) as they are; ``B x L`` rows reordered (on a GPU one
+        gather by the static order, on a CPU one strided block copy a table)."""
+        rows = self.rows_of(sparse)
+        if sparse.dim() == 1:
+            return sparse
         if sparse.device.type != "cpu":
-            order = self.parts(sparse.shape[0], sparse.device).order
+            order = self.parts(rows, sparse.device).order
             return sparse.reshape(-1).index_select(0, order)
-        rows = sparse.shape[0]
         out = torch.empty(rows * self.width, dtype=sparse.dtype)
+        self.table_order(sparse.numpy(), out.numpy())
+        return out
+
+    def table_order(self, sparse: np.ndarray, out: np.ndarray) -> None:
+        """``N x L`` rows ``sparse`` into ``out`` (``N·L``) in table order: one strided block
+        copy a table (ids cast to ``out``'s dtype unchecked)."""
+        rows = sparse.shape[0]
         cols = self.columns.tolist()
         for k, size in enumerate(self.sizes):
             a = rows * cols[k]
-            out[a : a + rows * size].view(rows, size).copy_(sparse[:, cols[k] : cols[k + 1]])
-        return out
+            np.copyto(
+                out[a : a + rows * size].reshape(rows, size),
+                sparse[:, cols[k] : cols[k + 1]],
+                casting="unsafe",
+            )
 
     def kjt(self, sparse: torch.Tensor, keys: list[str]) -> KeyedJaggedTensor:
-        """``sparse`` (``B x L``) as a KeyedJaggedTensor ``[T x B x s_k]`` whose lengths,
-        offsets and per-key figures are the static :meth:`parts` (no host sync)."""
+        """``sparse`` (``B·L`` table-major, or ``B x L`` rows: :meth:`values`) as a
+        KeyedJaggedTensor ``[T x B x s_k]`` whose lengths, offsets and per-key figures are the
+        static :meth:`parts` (no host sync)."""
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
         if len(keys) != self.num_tables:
             raise ValueError(f"{len(keys)} keys for {self.num_tables} tables")
-        p = self.parts(sparse.shape[0], sparse.device)
+        rows = self.rows_of(sparse)
+        p = self.parts(rows, sparse.device)
         return KeyedJaggedTensor(
             keys=keys,
             values=self.values(sparse),
             lengths=p.lengths,
             offsets=p.offsets,
-            stride=sparse.shape[0],
+            stride=rows,
             length_per_key=p.length_per_key,
             offset_per_key=p.offset_per_key,
         )
@@ -298,11 +322,55 @@ class MultiHotTables:
                 out[:, c + 1 : int(cols[k + 1])] = d.take(x, axis=0)
         return out
 
+    def expand_tables(self, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """One-hot ``ids`` (``N x T``, each in ``[0, n_k)``) to their bags in table order,
+        written into ``out`` (``N·L`` int32 or int64): table ``k``'s ``N x s_k`` block holds
+        row ``r``'s bag in row ``r``, the one-hot id first. One ``take`` a table and one copy
+        into the block; the ids per (row, table, position) are :meth:`expand`'s."""
+        n, t = ids.shape
+        if t != self.layout.num_tables:
+            raise ValueError(f"one-hot rows with {t} ids, tables {self.layout.num_tables}")
+        if out.shape != (n * self.layout.width,):
+            raise ValueError(f"out is {out.shape}, rows need {(n * self.layout.width,)}")
+        cols = self.layout.columns.tolist()
+        for k in range(t):
+            block = out[n * cols[k] : n * cols[k + 1]]
+            x = ids[:, k]
+            d = self.draws[k]
+            if d is None:
+                np.copyto(block, x, casting="unsafe")
+                continue
+            bags = block.reshape(n, cols[k + 1] - cols[k])
+            np.copyto(bags[:, 0], x, casting="unsafe")
+            bags[:, 1:] = d.take(x, axis=0)
+        return out
+
+
+def batch_ids(rows: Rows, out: np.ndarray) -> None:
+    """The multi-hot ids of ``rows`` (``rows.bags`` set) into a micro-batch's ``out``
+    (``N·L`` int32 or int64) in table order: made by ``rows.hot`` from one-hot ids, or moved
+    from stored ``N x L`` rows. A ValueError for an id outside ``[0, 2^31)`` (int32 wraps)."""
+    bags = rows.bags
+    assert bags is not None
+    ids = rows.sparse
+    n = len(rows)
+    if ids.shape != (n, bags.num_tables if rows.hot is not None else bags.width):
+        raise ValueError(f"multi-hot rows of {bags.width} ids with sparse of shape {ids.shape}")
+    if ids.size and (out.dtype == np.int32 or rows.hot is not None):
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high > 2**31 - 1:
+            raise ValueError(f"ids {low}..{high} do not fit int32 (a table has at most 2^31 rows)")
+    if rows.hot is not None:
+        rows.hot.expand_tables(ids, out)
+    else:
+        bags.table_order(ids, out)
+
 
 # ------------------------------------------------------------------------------- source
 class MultiHotSource:
     """A one-hot :class:`~dlrm_vrgd.data.rows.RowSource` whose rows come out multi-hot
-    (``sparse`` ``N x L`` int64), made on the fly by :meth:`MultiHotTables.expand`."""
+    (``sparse`` ``N x L`` int64), made on the fly by :meth:`MultiHotTables.expand`;
+    :meth:`read_one_hot` leaves them one-hot for the input pipeline (module docstring)."""
 
     def __init__(self, base: RowSource, tables: MultiHotTables) -> None:
         if len(base.cardinalities) != tables.layout.num_tables:
@@ -318,9 +386,14 @@ class MultiHotSource:
         self.cardinalities = list(tables.rows)
 
     def read(self, start: int, stop: int) -> Rows:
+        return self.read_one_hot(start, stop).materialized()
+
+    def read_one_hot(self, start: int, stop: int) -> Rows:
+        """Rows ``[start, stop)`` with their one-hot ids and ``hot`` set: made multi-hot where
+        a micro-batch is filled (:func:`batch_ids`)."""
         rows = self.base.read(start, stop)
-        sparse = self.tables.expand(rows.sparse)
-        return Rows(rows.dense, sparse, rows.labels, rows.probs, bags=self.bags)
+        bags, hot = self.bags, self.tables
+        return Rows(rows.dense, rows.sparse, rows.labels, rows.probs, bags=bags, hot=hot)
 
 
 def bags_of(source: object) -> BagLayout | None:

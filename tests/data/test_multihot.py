@@ -78,36 +78,70 @@ def test_synthetic_multi_hot_rows_and_stream() -> None:
     np.testing.assert_array_equal(rows.labels, one.labels)
     stream = TrainStream(splits.train, global_batch=128, micro_batch=32, seed=3)
     got = stream.rows(2, 1)
-    assert got.bags == splits.bags and got.sparse.shape == (32, 7)
+    assert got.bags == splits.bags and got.materialized().sparse.shape == (32, 7)
     batch = Batch.from_rows(got)
     assert batch.bags is splits.bags
     assert batch.kjt(["a", "b", "c"]).values().numel() == 32 * 7
+
+    class Stored:  # the same rows, read multi-hot (N x L) as a day file would give them
+        num_rows, block_rows = splits.train.num_rows, splits.train.block_rows
+        cardinalities, num_dense = splits.train.cardinalities, splits.train.num_dense
+        bags, read = splits.train.bags, splits.train.read  # type: ignore[attr-defined]
+
+    stored = TrainStream(Stored(), global_batch=128, micro_batch=32, seed=3)  # type: ignore[arg-type]
+    # the pipeline's rows stay one-hot until the fill; same ids per (row, table, position)
+    for step, group in [(0, 0), (2, 1), (4, 3), (9, 2)]:  # keys straddling shuffle blocks
+        rows = stored.rows(step, group)
+        lazy = stream.rows(step, group)
+        assert rows.hot is None and rows.sparse.shape == (32, 7)
+        assert lazy.hot is not None and lazy.sparse.shape == (32, 3)
+        np.testing.assert_array_equal(lazy.materialized().sparse, rows.sparse)
+        want = np.concatenate(
+            [rows.sparse[:, a:b].reshape(-1) for a, b in [(0, 4), (4, 5), (5, 7)]]
+        )
+        for source in (lazy, rows):
+            kjt = Batch.from_rows(source).kjt(["a", "b", "c"])
+            assert kjt.values().tolist() == want.tolist()
+            assert kjt.lengths().tolist() == [4] * 32 + [1] * 32 + [2] * 32
 
 
 def test_pipeline_slots_carry_bags() -> None:
     bags = BagLayout((2, 3))
     layout = Layout(4, 2, 2, bags)
     assert layout.width == 5 and layout.nbytes() == 4 * (4 * 2 + 4 * 5 + 4)
+    assert layout.sparse_shape == (20,)
     tables = MultiHotTables([9, 9], [2, 3])
     from dlrm_vrgd.data.rows import Rows
 
+    one_hot = np.array([[1, 2], [3, 4], [5, 6], [7, 8]])
     rows = Rows(
-        np.zeros((4, 2), np.float32),
-        tables.expand(np.array([[1, 2], [3, 4], [5, 6], [7, 8]])),
-        np.zeros(4, np.float32),
-        bags=bags,
+        np.zeros((4, 2), np.float32), tables.expand(one_hot), np.zeros(4, np.float32), bags=bags
     )
-    pinned = PinnedSlots(layout, 1, pin=False)
-    host = pinned.fill(0, rows)
-    assert host.bags is bags and host.sparse.dtype == torch.int32
-    np.testing.assert_array_equal(host.sparse.numpy(), rows.sparse)
-    shared = SharedSlots(layout, 1)
-    shared.fill(0, rows)
-    own = shared.own(0)
-    assert own.bags is bags
-    np.testing.assert_array_equal(own.sparse.numpy(), rows.sparse)
-    shared.close()
-    assert HostBatch.own(rows).bags is bags
+    lazy = Rows(rows.dense, one_hot, rows.labels, bags=bags, hot=tables)
+    assert np.array_equal(lazy.materialized().sparse, rows.sparse)
+    # a micro-batch holds the ids in the KJT's table order: table 0's 4 x 2 bags, table 1's 4 x 3
+    kjt_order = np.concatenate([rows.sparse[:, :2].reshape(-1), rows.sparse[:, 2:].reshape(-1)])
+    for source in (rows, lazy):  # stored N x L rows and rows the synthesis makes at the fill
+        pinned = PinnedSlots(layout, 1, pin=False)
+        host = pinned.fill(0, source)
+        assert host.bags is bags and host.sparse.dtype == torch.int32
+        np.testing.assert_array_equal(host.sparse.numpy(), kjt_order)
+        shared = SharedSlots(layout, 1)
+        shared.fill(0, source)
+        own = shared.own(0)
+        assert own.bags is bags
+        np.testing.assert_array_equal(own.sparse.numpy(), kjt_order)
+        shared.close()
+        mine = HostBatch.own(source)
+        assert mine.bags is bags and mine.sparse.dtype == torch.int64
+        np.testing.assert_array_equal(mine.sparse.numpy(), kjt_order)
+        batch = Batch.from_rows(source)
+        np.testing.assert_array_equal(batch.sparse.numpy(), kjt_order)
+        assert batch.kjt(["a", "b"]).values().tolist() == kjt_order.tolist()
+    with pytest.raises(ValueError, match="int32"):
+        PinnedSlots(layout, 1, pin=False).fill(
+            0, Rows(rows.dense, one_hot - 2, rows.labels, bags=bags, hot=tables)
+        )
 
 
 def test_npz_round_trip_and_refusals(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dlrm_vrgd.data.multihot import BagLayout
+from dlrm_vrgd.data.batch import batch_sparse
+from dlrm_vrgd.data.multihot import BagLayout, batch_ids
 from dlrm_vrgd.data.rows import Rows
 
 INT32_MAX = 2**31 - 1
@@ -24,7 +25,8 @@ _PAGE = mmap.PAGESIZE
 @dataclass(frozen=True)
 class Layout:
     """One micro-batch: ``rows`` (B) rows of ``num_dense`` (F) floats and ``num_tables`` (T)
-    ids, and a label; multi-hot (``bags``): ``width`` (L) ids a row, the bags side by side."""
+    ids, and a label; multi-hot (``bags``): ``width`` (L) ids a row, held as one ``B·L``
+    array in the KJT's table order (:mod:`~dlrm_vrgd.data.multihot`)."""
 
     rows: int
     num_dense: int
@@ -36,6 +38,13 @@ class Layout:
         """Ids a row: ``T``, or ``L`` for multi-hot rows."""
         return self.num_tables if self.bags is None else self.bags.width
 
+    @property
+    def sparse_shape(self) -> tuple[int, ...]:
+        """The shape of a micro-batch's ids: ``B x T``, or ``(B·L,)`` multi-hot."""
+        if self.bags is None:
+            return (self.rows, self.num_tables)
+        return (self.rows * self.bags.width,)
+
     def nbytes(self, id_bytes: int = 4) -> int:
         """Bytes of one micro-batch with ``id_bytes`` per id."""
         return self.rows * (4 * self.num_dense + id_bytes * self.width + 4)
@@ -44,9 +53,10 @@ class Layout:
 @dataclass
 class HostBatch:
     """A built micro-batch on the host: ``dense`` B x F float32, ``sparse`` B x T (multi-hot:
-    B x L) int64 (its own memory) or int32 (a pinned slot, for the GPU), ``labels`` B float32,
-    ``probs`` B float32 or None; ``slot``: the pinned slot it lives in, None when it owns its
-    memory; ``bags``: the static bag sizes of multi-hot ids (None: one-hot)."""
+    B·L in table order) int64 (its own memory) or int32 (a pinned slot, for the GPU),
+    ``labels`` B float32, ``probs`` B float32 or None; ``slot``: the pinned slot it lives in,
+    None when it owns its memory; ``bags``: the static bag sizes of multi-hot ids (None:
+    one-hot)."""
 
     dense: torch.Tensor
     sparse: torch.Tensor
@@ -60,7 +70,7 @@ class HostBatch:
         """``rows`` as tensors, without a copy where they already have the batch's dtypes."""
         return HostBatch(
             dense=torch.from_numpy(np.ascontiguousarray(rows.dense, dtype=np.float32)),
-            sparse=torch.from_numpy(np.ascontiguousarray(rows.sparse, dtype=np.int64)),
+            sparse=torch.from_numpy(batch_sparse(rows)),
             labels=torch.from_numpy(np.ascontiguousarray(rows.labels, dtype=np.float32)),
             probs=None if rows.probs is None else torch.from_numpy(rows.probs),
             bags=rows.bags,
@@ -78,14 +88,19 @@ def narrow_ids(ids: np.ndarray, out: np.ndarray) -> None:
 
 
 def fill(rows: Rows, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) -> None:
-    """Write ``rows`` into a micro-batch's arrays (``sparse`` int32 or int64)."""
-    if rows.dense.shape != dense.shape or rows.sparse.shape != sparse.shape:
+    """Write ``rows`` into a micro-batch's arrays (``sparse`` int32 or int64; multi-hot: its
+    ``B·L`` ids in table order, made here by the synthesis where ``rows.hot`` is set)."""
+    bags = rows.bags
+    shape = rows.sparse.shape if bags is None else (len(rows) * bags.width,)
+    if rows.dense.shape != dense.shape or shape != sparse.shape:
         raise ValueError(
             f"rows of shape dense {rows.dense.shape} / sparse {rows.sparse.shape}; the "
             f"micro-batch holds {dense.shape} / {sparse.shape}"
         )
     np.copyto(dense, rows.dense, casting="same_kind")
-    if sparse.dtype == np.int32 and rows.sparse.dtype != np.int32:
+    if bags is not None:
+        batch_ids(rows, sparse)
+    elif sparse.dtype == np.int32 and rows.sparse.dtype != np.int32:
         narrow_ids(rows.sparse, sparse)
     else:
         np.copyto(sparse, rows.sparse, casting="same_kind")
@@ -99,11 +114,11 @@ class PinnedSlots:
     int32."""
 
     def __init__(self, layout: Layout, count: int, pin: bool = True) -> None:
-        b, f, t = layout.rows, layout.num_dense, layout.width
+        b, f, ids = layout.rows, layout.num_dense, layout.sparse_shape
         self.batches = [
             HostBatch(
                 dense=torch.empty((b, f), dtype=torch.float32, pin_memory=pin),
-                sparse=torch.empty((b, t), dtype=torch.int32, pin_memory=pin),
+                sparse=torch.empty(ids, dtype=torch.int32, pin_memory=pin),
                 labels=torch.empty(b, dtype=torch.float32, pin_memory=pin),
                 slot=i,
                 bags=layout.bags,
@@ -133,9 +148,9 @@ class SharedSlots:
     back. Ids are int32. Nothing is named in ``/dev/shm``, so a killed run leaves nothing."""
 
     def __init__(self, layout: Layout, count: int) -> None:
-        b, f, t = layout.rows, layout.num_dense, layout.width
+        b, f = layout.rows, layout.num_dense
         self.bags = layout.bags
-        parts = [((b, f), np.float32), ((b, t), np.int32), ((b,), np.float32)]
+        parts = [((b, f), np.float32), (layout.sparse_shape, np.int32), ((b,), np.float32)]
         sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in parts]
         stride = -(-sum(sizes) // _PAGE) * _PAGE
         self._map: mmap.mmap | None = mmap.mmap(-1, max(stride * count, _PAGE))
