@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml requirements/cpu-stack.txt requirements/torchrec.txt re
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(PIN) -r requirements/cpu-stack.txt
 	$(PIP) install -q $(PIN) --no-deps -r requirements/torchrec.txt
-	$(PIP) install -q --no-warn-conflicts $(PIN) -e ".[dev,docs]"
+	$(PIP) install -q --no-warn-conflicts $(PIN) -e ".[dev,docs,service,onnx,tracking,study]"
 	$(BIN)/python -c "import fbgemm_gpu, torchrec, dlrm_vrgd" 2>/dev/null
 	touch $(STAMP)
 

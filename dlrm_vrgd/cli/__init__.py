@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 from dlrm_vrgd.cli import (
     cmd_config,
@@ -20,6 +21,7 @@ from dlrm_vrgd.cli import (
     cmd_tensorboard,
     cmd_train,
 )
+from dlrm_vrgd.cli.common import MissingExtra, extra_of
 
 #: ``dlrm-vrgd -h``'s description.
 DESCRIPTION = "``dlrm-vrgd``: train, generate synthetic data, run the demo."
@@ -53,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["jobs"]:  # its own parser (service/jobs_cli/): every flag is its own
-        return cmd_service.cmd_jobs(argparse.Namespace(jobs_args=argv[1:]))
+        return _missing_extra("jobs", cmd_service.cmd_jobs, argparse.Namespace(jobs_args=argv[1:]))
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     try:
-        return args.fn(args)
+        return _missing_extra(args.command, args.fn, args)
     except (FileExistsError, FileNotFoundError, ValueError) as err:  # ConfigError too
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -82,3 +84,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         print(f"\n{err}" if str(err) else "\ninterrupted", file=sys.stderr)
         return 130
+
+
+def _missing_extra(command: str, fn: Any, args: argparse.Namespace) -> int:
+    """``fn(args)``; where it needs an extra that is not installed (:class:`MissingExtra`, or an
+    ImportError of one of its modules), ``error: dlrm-vrgd COMMAND needs the X extra: pip
+    install 'dlrm-vrgd[X]'`` and exit 2."""
+    try:
+        return fn(args)
+    except ImportError as err:
+        extra = extra_of(err)
+        if extra is None:
+            raise
+        if not isinstance(err, MissingExtra):
+            err = MissingExtra(command, extra)
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dlrm_vrgd.cli.common import examples
+from dlrm_vrgd.cli.common import examples, require_extra
 
 
 def add_export(sub: argparse._SubParsersAction) -> None:
@@ -65,6 +65,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         except CheckpointError as err:
             raise ValueError(f"--best: {err}") from None
         print(f"the best-validation checkpoint (checkpoints/{BEST}): step {step}")
+    if args.format in ("onnx", "all"):  # the extras are checked before anything is written
+        require_extra(f"export --format {args.format}", "onnx", "onnx", "onnxscript")
+    if args.mlflow or args.register_model:
+        require_extra("export --mlflow", "tracking", "mlflow")
     target = None
     if args.mlflow or args.register_model:  # checked before anything is written
         target = _mlflow_target(Path(args.run))

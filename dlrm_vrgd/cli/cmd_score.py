@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from dlrm_vrgd.cli.common import examples
+from dlrm_vrgd.cli.common import MissingExtra, examples, extra_of, require_extra
 
 
 def add_score(sub: argparse._SubParsersAction) -> None:
@@ -98,26 +98,34 @@ def cmd_score(args: argparse.Namespace) -> int:
                 rate = rows / seconds if seconds > 0 else None
                 log.write({"kind": "score", "rows": rows, "rows_per_s": rate, "fraction": fraction})
 
-    result = score(
-        args.model,
-        args.input,
-        args.out,
-        fmt=args.output_format,
-        input_format=args.format,
-        labels=args.labels,
-        skip_bad_rows=args.skip_bad_rows,
-        overwrite=args.overwrite,
-        batch_rows=args.batch_rows,
-        workers=args.workers,
-        device=args.device,
-        metrics_path=args.metrics,
-        progress=not args.no_progress,
-        on_progress=progress,
-        days=_day_list(args.days) if args.days else None,
-        split=args.split,
-        input_root=args.input_root,
-        engine=args.engine,
-    )
+    if args.engine == "onnxruntime":
+        require_extra("score --engine onnxruntime", "onnx", "onnxruntime")
+    try:
+        result = score(
+            args.model,
+            args.input,
+            args.out,
+            fmt=args.output_format,
+            input_format=args.format,
+            labels=args.labels,
+            skip_bad_rows=args.skip_bad_rows,
+            overwrite=args.overwrite,
+            batch_rows=args.batch_rows,
+            workers=args.workers,
+            device=args.device,
+            metrics_path=args.metrics,
+            progress=not args.no_progress,
+            on_progress=progress,
+            days=_day_list(args.days) if args.days else None,
+            split=args.split,
+            input_root=args.input_root,
+            engine=args.engine,
+        )
+    except ImportError as err:
+        if args.engine != "auto" or extra_of(err) != "onnx":
+            raise
+        # auto picks onnxruntime for a model with model.onnx: the torch forward needs no extra
+        raise MissingExtra("score", "onnx", "or --engine torch") from err
     if record is not None:
         # the last progress line carries the metrics of labelled rows, for the dashboard's tiles
         mm = result.metrics or {}

@@ -11,7 +11,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from dlrm_vrgd.cli.common import REPO, add_set
+from dlrm_vrgd.cli.common import REPO, add_set, require_extra
 
 #: Commands that live in the control service, as ``"module:function"``.
 SERVICE_COMMANDS = {
@@ -22,7 +22,9 @@ SERVICE_COMMANDS = {
 
 
 def run_service_command(command: str, *args: Any, **kwargs: Any) -> int:
-    """Import the function registered for ``command`` (:data:`SERVICE_COMMANDS`) and call it."""
+    """Import the function registered for ``command`` (:data:`SERVICE_COMMANDS`) and call it
+    (:class:`~dlrm_vrgd.cli.common.MissingExtra` without the ``service`` extra)."""
+    require_extra(command, "service")
     module, _, name = SERVICE_COMMANDS[command].partition(":")
     return getattr(importlib.import_module(module), name)(*args, **kwargs)
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dlrm_vrgd.cli.common import REPO, ProgressLine, add_set
+from dlrm_vrgd.cli.common import REPO, ProgressLine, add_set, require_extra
 
 
 def _positive_seconds(text: str) -> float:
@@ -70,6 +70,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     from dlrm_vrgd.resources import check_study_fits
     from dlrm_vrgd.study import load_study, run_study
 
+    require_extra("study", "study")  # its report's plots: before the cells, not after
     if args.action == "report":
         return _report(args)
     if args.config is None:

@@ -195,3 +195,57 @@ def result_warnings(result: Any) -> list[str]:
                 "rate too high)"
             )
     return out
+
+
+#: The optional extras (pyproject.toml's ``[project.optional-dependencies]``): per extra, the
+#: top-level modules it installs. ``pip install dlrm-vrgd`` alone is the trainer and the
+#: optimizers; a command that needs more names the extra (:func:`require_extra`, and ``main``
+#: for an ImportError of one of these modules).
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "service": ("fastapi", "starlette", "uvicorn", "sqlalchemy", "httpx", "pydantic_settings"),
+    "onnx": ("onnx", "onnxscript", "onnx_ir", "onnxruntime"),
+    "tracking": ("mlflow", "alembic"),
+    "study": ("matplotlib",),
+}
+
+
+class MissingExtra(ImportError):
+    """``dlrm-vrgd COMMAND`` needs ``extra``, which is not installed (``main``: exit 2)."""
+
+    def __init__(self, command: str, extra: str, hint: str = "") -> None:
+        self.command, self.extra = command, extra
+        msg = f"dlrm-vrgd {command} needs the {extra} extra: pip install 'dlrm-vrgd[{extra}]'"
+        super().__init__(msg + (f" ({hint})" if hint else ""))
+
+
+def extra_of(err: BaseException) -> str | None:
+    """The extra whose module an ImportError (or one it was raised from) failed to import;
+    None where it is no extra's."""
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, MissingExtra):
+            return e.extra
+        if isinstance(e, ImportError) and e.name:
+            top = e.name.partition(".")[0]
+            for extra, modules in EXTRAS.items():
+                if top in modules:
+                    return extra
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def require_extra(command: str, extra: str, *modules: str, hint: str = "") -> None:
+    """Raise :class:`MissingExtra` unless the extra's ``modules`` (default: the ones the
+    command imports first, :data:`EXTRAS`) can be found; checked before a command starts
+    work, without importing them."""
+    import importlib.util
+
+    for module in modules or EXTRAS[extra]:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise MissingExtra(command, extra, hint)
