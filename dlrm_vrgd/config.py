@@ -518,7 +518,7 @@ def check_uri(uri: str) -> str:
 
 
 class MlflowConfig(_Section):
-    """Export a run to an MLflow tracking server (``pip install .[mlflow]``); see
+    """Export a run to an MLflow tracking server (``pip install 'dlrm-vrgd[tracking]'``); see
     :mod:`dlrm_vrgd.tracking.mlflow_sink`. The run directory stays the record: a server that
     cannot be reached is logged once and training goes on."""
 

@@ -1,4 +1,4 @@
-"""Export a run to MLflow (optional: ``pip install .[mlflow]``).
+"""Export a run to MLflow (optional: ``pip install 'dlrm-vrgd[tracking]'``).
 
 Params are the flattened config (``optim.dense.lr``), metrics the series of
 :mod:`dlrm_vrgd.tracking.scalars` (the same tags as TensorBoard's), sent with ``log_batch``
@@ -63,7 +63,7 @@ def _client(cfg: MlflowConfig) -> Any:
         from mlflow.tracking import MlflowClient
     except ImportError as err:
         raise RuntimeError(
-            "run.mlflow is set but MLflow is not installed: pip install 'dlrm-vrgd[mlflow]'"
+            "run.mlflow is set but MLflow is not installed: pip install 'dlrm-vrgd[tracking]'"
         ) from err
     return MlflowClient(tracking_uri=cfg.tracking_uri)
 

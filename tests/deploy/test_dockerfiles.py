@@ -152,7 +152,7 @@ def test_cpu_stack_is_installed_as_make_setup_does() -> None:
     assert steps == [
         "pip install -c requirements/constraints.txt -r requirements/cpu-stack.txt",
         "pip install -c requirements/constraints.txt --no-deps -r requirements/torchrec.txt",
-        "pip install --no-warn-conflicts -c requirements/constraints.txt .",
+        'pip install --no-warn-conflicts -c requirements/constraints.txt ".[service,onnx,tracking,study]"',
     ]
     # ... the same files and pins the Makefile installs.
     makefile = (ROOT / "Makefile").read_text()

@@ -21,7 +21,7 @@ from dlrm_vrgd.train.run import train
 from ..conftest import tiny_config, tiny_config_dict
 from .events import jsonl
 
-pytest.importorskip("mlflow", reason="MLflow is optional: pip install '.[mlflow]'")
+pytest.importorskip("mlflow", reason="MLflow is optional: pip install 'dlrm-vrgd[tracking]'")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 # MLflow 3.17's SQLAlchemy models trip a deprecation of SQLAlchemy 2.1: noise we cannot fix
