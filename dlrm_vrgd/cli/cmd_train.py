@@ -39,6 +39,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dlrm_vrgd.train import distributed
 
     cfg = load_config(args.config, args.set)
+    distributed.check_sharding(cfg)  # row_wise alone on the CPU: refused before the plan
     # a job too big for this host (or a rank too big for its memory) is refused before anything
     # starts; with several ranks or a GPU the launcher prints every rank's memory
     plan = check_fits(cfg)

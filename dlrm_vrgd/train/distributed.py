@@ -19,7 +19,8 @@ Layout of one global step of ``G = W × A × B`` rows over ``W`` ranks:
   all-reduces the step's gradient sums once per step (``process_group`` of the dense
   optimizers) — torchrec's DDP wrapping is turned off;
 * embedding tables are sharded by torchrec's ``DistributedModelParallel`` with the planner
-  restricted to ``run.sharding`` (table-wise and column-wise run on CPU; row-wise needs a GPU;
+  restricted to ``run.sharding`` (table-wise and column-wise run on CPU; row-wise needs a GPU,
+  :func:`check_sharding`;
   data-parallel tables are refused: torchrec would train them with the dense optimizer and
   silently ignore the sparse one). The FBGEMM TBE of every shard becomes a
   :class:`~dlrm_vrgd.embedding.fbgemm.TBELookup`: its owner receives the bags of all ``W``
@@ -120,6 +121,25 @@ def process_group_backend(device: str) -> str:
     return "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
 
 
+#: The sharding types torchrec's ``EmbeddingBagCollectionSharder`` offers a CPU (compute
+#: device ``cpu``) rank; row_wise is not among them (its planner refuses it there).
+CPU_SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise")
+
+
+def check_sharding(cfg: TrainConfig) -> None:
+    """Refuse (``ValueError``) a CPU job of several ranks whose ``run.sharding`` leaves
+    torchrec's planner no type it can use on the CPU (``row_wise`` alone), before any rank
+    starts: each rank would otherwise fail in the planner with "No available sharding type"."""
+    if cfg.run.device != "cpu" or cfg.run.world_size == 1:
+        return
+    if not set(cfg.run.sharding) & set(CPU_SHARDING_TYPES):
+        raise ValueError(
+            f"run.sharding {list(cfg.run.sharding)}: torchrec shards tables on the CPU "
+            f"{', '.join(CPU_SHARDING_TYPES)} only (row_wise needs run.device cuda); "
+            "add one of those"
+        )
+
+
 def torchrun_command(cfg: TrainConfig, argv: list[str]) -> list[str]:
     """The torchrun command line that runs ``python -m dlrm_vrgd.cli <argv>`` on every rank."""
     run = cfg.run
@@ -165,6 +185,7 @@ def shard_model(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> nn.Module:
 
     from dlrm_vrgd.embedding.fbgemm import FUSED_OPTIMIZERS
 
+    check_sharding(cfg)
     # torchrec divides the pooled-embedding gradients by W in the all-to-all backward (to match
     # DDP's averaged dense gradients); our groups must each carry their own mean-loss gradient.
     set_gradient_division(False)

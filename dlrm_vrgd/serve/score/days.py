@@ -124,6 +124,12 @@ def _model_splits(src: DaysInput, config: dict[str, Any]) -> Any:
         raise FeatureError(f"{src.path}: the model's days do not fit it: {err}") from None
 
 
+def _split_segments(source: Any) -> list[tuple[int, int, int]]:
+    """The ``(day, start, stop)`` segments of a split's source; a multi-hot model's splits
+    are its one-hot days wrapped in the synthesis (``MultiHotSource.base``)."""
+    return list(getattr(source, "base", source).segments)
+
+
 def select_rows(
     src: DaysInput, config: dict[str, Any], days: Sequence[int] | None, split: Split | None
 ) -> list[int]:
@@ -140,11 +146,11 @@ def select_rows(
             )
         src.segments = [(d, 0, held[d]) for d in days]
     elif split is not None:
-        src.segments = list(getattr(_model_splits(src, config), split).segments)
+        src.segments = _split_segments(getattr(_model_splits(src, config), split))
     if not _is_training_data(src, config):
         return []
     try:
-        train = {d for d, _, _ in _model_splits(src, config).train.segments}
+        train = {d for d, _, _ in _split_segments(_model_splits(src, config).train)}
     except FeatureError:
         return []
     scored = src.segments or [(d, 0, n) for d, n in held.items()]
