@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -130,6 +130,43 @@ def marked_fields(section: type[BaseModel], role: FieldRole) -> dict[str, Any]:
         for name, info in section.model_fields.items()
         if role in info.metadata
     }
+
+
+def strip_marked(config: dict[str, Any], section: type[BaseModel] | None = None) -> dict[str, Any]:
+    """A config dict (``TrainConfig``'s unless ``section`` says which) less, at every depth, the
+    fields marked OPERATIONAL (they never change what is trained) and those marked ADDED_LATER
+    that hold their default (a config written before the field existed trained at it). Two
+    configs that train the same thing are equal after it: the resume check and the study ledger
+    compare them so."""
+    section = section or TrainConfig
+    out: dict[str, Any] = {}
+    for name, value in config.items():
+        info = section.model_fields.get(name)
+        if info is None:  # not a field (an old key): kept, for the caller to judge
+            out[name] = value
+            continue
+        if OPERATIONAL in info.metadata:
+            continue
+        if ADDED_LATER in info.metadata and value == marked_fields(section, ADDED_LATER)[name]:
+            continue
+        below = _section_of(info.annotation, value)
+        out[name] = strip_marked(value, below) if below and isinstance(value, dict) else value
+    return out
+
+
+def _section_of(annotation: Any, value: Any) -> type[BaseModel] | None:
+    """The model a field's ``value`` is validated as: its annotation's, or, for a union of
+    sections told apart by ``source`` (``data``), the member whose ``source`` it names."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    members = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    if len(members) == 1:
+        return members[0]
+    for member in members:
+        source = member.model_fields.get("source")
+        if source is not None and isinstance(value, dict) and value.get("source") == source.default:
+            return member
+    return None
 
 
 def field_error(loc: tuple[str | int, ...], message: str, value: Any) -> ValidationError:
@@ -387,7 +424,7 @@ class DenseOptimConfig(_Section):
     #: since mlcommons/training fd4672ca, as its compliance checker requires; torch's: 1e-10).
     eps: Real(gt=0.0, le=1.0) = 1e-8
     #: The starting sum of squares of (vr)adagrad, as `torch.optim.Adagrad`'s (MLPerf: 0).
-    initial_accumulator_value: Real(ge=0.0, le=1e6) = 0.0
+    initial_accumulator_value: Annotated[Real(ge=0.0, le=1e6), ADDED_LATER] = 0.0
     #: Lower clip of the GSNR ratio: 1 reproduces the base optimizer exactly.
     gamma: Real(gt=0.0, le=1.0) = 0.1
     #: EMA factor of the ratio for vradam / vrlamb.

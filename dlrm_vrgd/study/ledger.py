@@ -21,40 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from dlrm_vrgd.advice import finite
-from dlrm_vrgd.config import (
-    ADDED_LATER,
-    OPERATIONAL,
-    ModelConfig,
-    OptimConfig,
-    RunConfig,
-    marked_fields,
-)
+from dlrm_vrgd.config import strip_marked
 from dlrm_vrgd.rundir import CONFIG, RESULT, atomic_write_bytes, read_jsonl
 from dlrm_vrgd.study.config import Cell, StudyConfig
 
 LEDGER = "cells.jsonl"
 
-#: The config sections whose marked fields a digest may leave out.
-_SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "run": RunConfig}
-
 
 def _untracked(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` less what does not change what a cell trains: the fields marked
-    :data:`~dlrm_vrgd.config.OPERATIONAL` (tracking, the input pipeline, the heap's hand-back:
-    a finished cell is reused whatever they were), and those marked
-    :data:`~dlrm_vrgd.config.ADDED_LATER` while they hold their default (every cell recorded
-    before the field existed trained at it; a cell at another value is another cell)."""
-    out = dict(config)
-    for section, model in _SECTIONS.items():
-        if isinstance(config.get(section), dict):
-            operational = marked_fields(model, OPERATIONAL)
-            added = marked_fields(model, ADDED_LATER)
-            out[section] = {
-                k: v
-                for k, v in config[section].items()
-                if k not in operational and not (k in added and v == added[k])
-            }
-    return out
+    """``config`` less what does not change what a cell trains (:func:`strip_marked`): the
+    fields marked OPERATIONAL (tracking, the input pipeline, the heap's hand-back: a finished
+    cell is reused whatever they were), and those marked ADDED_LATER while they hold their
+    default (every cell recorded before the field existed trained at it; a cell at another value
+    is another cell), at every depth (``optim.dense.initial_accumulator_value``, ``data.split``)."""
+    return strip_marked(config)
 
 
 def cell_config(study: StudyConfig, cell: Cell) -> dict[str, Any]:

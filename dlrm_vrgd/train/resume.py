@@ -12,7 +12,7 @@ from typing import Any
 
 from dlrm_vrgd import checkpoint as ckpt
 from dlrm_vrgd import rundir
-from dlrm_vrgd.config import OPERATIONAL, RunConfig, TrainConfig, marked_fields
+from dlrm_vrgd.config import OPERATIONAL, RunConfig, TrainConfig, marked_fields, strip_marked
 from dlrm_vrgd.train.loop import Trainer
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def check_resume(
     manifest = ckpt.read_manifest(latest)
     changed = [
         k
-        for k in config_changes(manifest["config"], cfg.to_dict())
+        for k in config_changes(strip_marked(manifest["config"]), strip_marked(cfg.to_dict()))
         if not _covered(k, RESUMABLE_CHANGES | RESHARD_CHANGES)
     ]
     if changed:

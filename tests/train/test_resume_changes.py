@@ -69,3 +69,27 @@ def test_a_resume_may_not_change_what_is_trained(finished: Path, change: str, na
     )
     with pytest.raises(ValueError, match=rf"config differs in {named}$"):
         check_resume(finished, cfg, resume=True)
+
+
+def test_a_checkpoint_from_before_a_field_existed_resumes_at_its_default(
+    finished: Path, tmp_path: Path
+) -> None:
+    """Fields added since (marked ADDED_LATER, at any depth) are missing from an older
+    checkpoint's config: it trained at their defaults, so it resumes; another value is another
+    run."""
+    import json
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(finished, old)
+    [manifest_path] = old.glob("checkpoints/step_*/manifest.json")
+    manifest = json.loads(manifest_path.read_text())
+    cfg = manifest["config"]
+    del cfg["optim"]["dense"]["initial_accumulator_value"], cfg["data"]["multi_hot_sizes"]
+    del cfg["run"]["evals_per_epoch"], cfg["run"]["target_auc"]
+    manifest_path.write_text(json.dumps(manifest))
+    base = ("run.steps=2", "run.tensorboard=false", "run.mlflow.tracking_uri=file:///tmp/mlruns-a")
+    assert check_resume(old, tiny_config(*base), resume=True) is not None
+    changed = tiny_config(*base, "optim.dense.initial_accumulator_value=0.5")
+    with pytest.raises(ValueError, match="optim.dense.initial_accumulator_value"):
+        check_resume(old, changed, resume=True)
