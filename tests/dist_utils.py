@@ -49,3 +49,17 @@ def children(pid: int) -> list[int]:
 def rank_pids(launcher: int) -> list[int]:
     """The ranks of a ``dlrm-vrgd train`` launcher: the children of its child, torchrun."""
     return sorted(pid for child in children(launcher) for pid in children(child))
+
+
+def final_state(run: Path, step: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Dense parameters (rank 0) and every table, gathered from all ranks' shards of the
+    checkpoint of ``step`` in run directory ``run``."""
+    ckpt = run / "checkpoints" / f"step_{step:08d}"
+    states = [torch.load(p, weights_only=True) for p in sorted(ckpt.glob("rank*.pt"))]
+    tables = {
+        n: w
+        for s in states
+        for t in s["tables"]
+        for n, w in zip(t["names"], t["weights"], strict=True)
+    }
+    return states[0]["dense"], tables

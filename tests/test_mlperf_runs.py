@@ -45,6 +45,7 @@ from dlrm_vrgd.data.criteo.preprocess import preprocess
 from dlrm_vrgd.rundir import read_jsonl
 
 from .data.criteo.test_criteo import make_rows
+from .dist_utils import final_state
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -130,19 +131,6 @@ def state(run: Path, step: int) -> dict[str, torch.Tensor]:
     for path in sorted((run / "checkpoints" / f"step_{step:08d}").glob("rank*.pt")):
         walk(path.stem, torch.load(path, weights_only=True))
     return out
-
-
-def gathered(run: Path, step: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Dense parameters (rank 0) and every table, gathered from all ranks' shards."""
-    ckpt = run / "checkpoints" / f"step_{step:08d}"
-    states = [torch.load(p, weights_only=True) for p in sorted(ckpt.glob("rank*.pt"))]
-    tables = {
-        n: w
-        for s in states
-        for t in s["tables"]
-        for n, w in zip(t["names"], t["weights"], strict=True)
-    }
-    return states[0]["dense"], tables
 
 
 @pytest.fixture(scope="module")
@@ -240,8 +228,8 @@ def test_512k_on_two_ranks_equals_one_rank(runs: dict[str, Path]) -> None:
     assert list(one) == list(two)
     for step in one:
         assert two[step] == pytest.approx(one[step], rel=1e-5)
-    dense_a, tables_a = gathered(runs["512k-1"], STEPS)
-    dense_b, tables_b = gathered(runs["512k-2"], STEPS)
+    dense_a, tables_a = final_state(runs["512k-1"], STEPS)
+    dense_b, tables_b = final_state(runs["512k-2"], STEPS)
     assert dense_a.keys() == dense_b.keys() and tables_a.keys() == tables_b.keys()
     assert len(tables_a) == 26
     for name in dense_a:

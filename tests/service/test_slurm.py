@@ -21,6 +21,7 @@ from service.jobs.backends import process
 from service.jobs.backends.local import JOB_ENV
 from service.launcher import LaunchError, LocalService, free_port
 
+from ..dist_utils import final_state
 from ..slurm_cluster import SlurmCluster
 from .conftest import long_job, python_hook_env, tiny_job, wait_for
 from .test_study_jobs import small_study
@@ -76,19 +77,6 @@ def rank_nodes(job_id: str) -> set[str]:
 def running_step(client: ServiceClient, job_id: str, step: int = 1) -> dict[str, Any] | None:
     job = client.job(job_id)
     return job if (job["progress"].get("step") or 0) >= step else None
-
-
-def final_state(run: Path, step: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Dense parameters (rank 0) and every table, gathered from all ranks' shards."""
-    ckpt = run / "checkpoints" / f"step_{step:08d}"
-    states = [torch.load(p, weights_only=True) for p in sorted(ckpt.glob("rank*.pt"))]
-    tables = {
-        n: w
-        for s in states
-        for t in s["tables"]
-        for n, w in zip(t["names"], t["weights"], strict=True)
-    }
-    return states[0]["dense"], tables
 
 
 def test_two_nodes_train_the_same_model_as_two_local_ranks(

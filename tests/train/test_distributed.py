@@ -17,7 +17,7 @@ import yaml
 from dlrm_vrgd.rundir import read_jsonl
 
 from ..conftest import tiny_config_dict
-from ..dist_utils import rank_pids
+from ..dist_utils import final_state, rank_pids
 
 OPTIM = {
     "dense": {"name": "vradam", "lr": 0.01, "gamma": 0.3},
@@ -56,19 +56,6 @@ def train(tmp: Path, name: str, nproc: int, *sets: str, **run: object) -> Path:
 
 def losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"}
-
-
-def final_state(run: Path, step: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Dense parameters (rank 0) and every table, gathered from all ranks' shards."""
-    ckpt = run / "checkpoints" / f"step_{step:08d}"
-    states = [torch.load(p, weights_only=True) for p in sorted(ckpt.glob("rank*.pt"))]
-    tables = {
-        n: w
-        for s in states
-        for t in s["tables"]
-        for n, w in zip(t["names"], t["weights"], strict=True)
-    }
-    return states[0]["dense"], tables
 
 
 @pytest.fixture(scope="module")
