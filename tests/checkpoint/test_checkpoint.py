@@ -10,6 +10,7 @@ import torch
 
 from dlrm_vrgd import checkpoint as ckpt
 from dlrm_vrgd.checkpoint.load import _state_problem
+from dlrm_vrgd.config import TrainConfig
 from dlrm_vrgd.rundir import read_jsonl
 from dlrm_vrgd.train.run import Callback, train
 
@@ -36,6 +37,18 @@ class CrashAt(Callback):
 
 def train_losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"}
+
+
+def crashed_and_resumed(cfg: TrainConfig, tmp_path: Path) -> None:
+    """``cfg`` trained whole (``tmp_path/whole``), and again crashed at step 3 and resumed from
+    its step-2 checkpoint (``tmp_path/crashed``): the resumed steps' losses and the test
+    metrics are the uninterrupted run's, exactly."""
+    whole = train(cfg, tmp_path / "whole")
+    with pytest.raises(RuntimeError):
+        train(cfg, tmp_path / "crashed", callbacks=[CrashAt(3)])
+    resumed = train(cfg, tmp_path / "crashed", resume=True)
+    assert resumed.losses == whole.losses[2:]
+    assert resumed.test == whole.test
 
 
 def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
@@ -152,12 +165,7 @@ def test_resume_with_gsnr_sparse_ema_equals_uninterrupted(tmp_path: Path) -> Non
         "optim.sparse.estimator=ema",
         "optim.sparse.gamma=0.2",
     )
-    whole = train(cfg, tmp_path / "whole")
-    with pytest.raises(RuntimeError):
-        train(cfg, tmp_path / "crashed", callbacks=[CrashAt(3)])
-    resumed = train(cfg, tmp_path / "crashed", resume=True)
-    assert resumed.losses == whole.losses[2:]
-    assert resumed.test == whole.test
+    crashed_and_resumed(cfg, tmp_path)
     tables = read_jsonl(tmp_path / "crashed" / "gsnr.jsonl")[-1]["tables"]
     assert {"touched_rows", "multi_group_rows", "ratio", "frac_clipped", "raw_gsnr"} <= set(
         tables[0]
@@ -177,12 +185,7 @@ def test_resume_with_cowclip_equals_uninterrupted(tmp_path: Path) -> None:
         "optim.sparse.clip_ratio=0.05",
         "optim.sparse.weight_decay=0.01",
     )
-    whole = train(cfg, tmp_path / "whole")
-    with pytest.raises(RuntimeError):
-        train(cfg, tmp_path / "crashed", callbacks=[CrashAt(3)])
-    resumed = train(cfg, tmp_path / "crashed", resume=True)
-    assert resumed.losses == whole.losses[2:]
-    assert resumed.test == whole.test
+    crashed_and_resumed(cfg, tmp_path)
     result = json.loads((tmp_path / "crashed" / "result.json").read_text())
     assert result["optimizers"]["sparse_cowclip"]["clip_ratio"] == 0.05
 
@@ -214,12 +217,7 @@ def test_resume_with_elementwise_adagrad_equals_uninterrupted(tmp_path: Path, na
         f"optim.sparse.name={name}",
         "optim.sparse.gamma=0.2",
     )
-    whole = train(cfg, tmp_path / "whole")
-    with pytest.raises(RuntimeError):
-        train(cfg, tmp_path / "crashed", callbacks=[CrashAt(3)])
-    resumed = train(cfg, tmp_path / "crashed", resume=True)
-    assert resumed.losses == whole.losses[2:]
-    assert resumed.test == whole.test
+    crashed_and_resumed(cfg, tmp_path)
     last = [ckpt.list_checkpoints(tmp_path / d)[-1] for d in ("whole", "crashed")]
     a, b = (ckpt.load_rank_state(p, 0) for p in last)
     for ta, tb in zip(a["tables"], b["tables"], strict=True):
